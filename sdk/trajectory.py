@@ -1,0 +1,244 @@
+"""The records that rollouts produce and training consumes. Read this module first.
+
+- `PolicyRef`: an immutable name for one published set of weights.
+- `Turn`: one ply: the prompt tokens sent, the completion tokens and logprobs that came back.
+- `Trajectory`: one episode: its turns, messages, reward and how it ended.
+- `Segment`: a training sequence made of consecutive turns that extend one another.
+- `Group`: the trajectories that share one task and one policy, trained together.
+
+Every number that training consumes was produced by the sampler and is never re-derived:
+completion ids and logprobs are stored as they came back, and a prompt is stored as the
+tokens it added after the previous turn's prompt and completion.
+
+Why prompts are stored as deltas: a multi-turn prompt repeats the whole history, so storing
+each turn's full prompt costs O(turns^2) memory and JSON. The renderer knows, by
+construction, whether turn k+1's prompt is turn k's prompt + completion + new tokens
+(`Turn.extends` is true, `Turn.prompt_ids` holds only the new tokens) or a fresh render
+(`extends` is false and `prompt_ids` is the whole prompt). `Trajectory.prompt_ids(k)`
+rebuilds any full prompt, and `Trajectory.segments()` is a single O(total tokens) pass.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ._exceptions import TrajectoryError
+
+__all__ = [
+    "FinishReason",
+    "Group",
+    "PolicyRef",
+    "Segment",
+    "Status",
+    "Trajectory",
+    "Turn",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+"""Why sampling ended: a stop token was sampled, max tokens was reached, or it was aborted."""
+
+
+class Status(StrEnum):
+    """How an episode ended."""
+
+    COMPLETED = "completed"
+    """The environment said done."""
+    TRUNCATED = "truncated"
+    """A budget ran out (turns, tokens, wall clock) before the environment said done."""
+    FAILED = "failed"
+    """An error ended the episode; `Trajectory.error` says which."""
+    CANCELLED = "cancelled"
+    """The run was stopped and every resource of the episode settled."""
+    QUARANTINED = "quarantined"
+    """The episode was stopped with a remote operation whose outcome is unknown."""
+
+
+class PolicyRef(BaseModel):
+    """An immutable published policy: what sampled a turn, and what a trainer resumes from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uri: str = Field(description="Immutable location, e.g. plies://run/policies/3 or file:///...")
+    version: int = Field(ge=0, description="Monotonic version within its run.")
+    digest: str = Field(default="", description="Content hash of the weights.")
+
+
+class Turn(BaseModel):
+    """One sampled turn, recorded exactly as the sampler produced it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt_ids: list[int] = Field(
+        description="Prompt tokens this turn added: after the previous turn's prompt and "
+        "completion when `extends`, else the whole prompt."
+    )
+    extends: bool = Field(
+        default=False,
+        description="True when the full prompt is the previous turn's prompt + completion + "
+        "`prompt_ids`.",
+    )
+    completion_ids: list[int] = Field(description="Sampled ids, stop token included.")
+    logprobs: list[float] = Field(description="Sampler logprob of each completion id.")
+    finish_reason: FinishReason
+    policy: PolicyRef
+    message: dict[str, Any] | None = Field(
+        default=None, description="The parsed assistant message (content, reasoning, tool calls)."
+    )
+    ill_formed: bool = Field(default=False, description="The completion did not parse.")
+    fallback: str | None = Field(
+        default=None, description="Why this prompt was fully re-rendered, when it was."
+    )
+    started_at: float = Field(default=0.0, description="Wall-clock time the request was sent.")
+    latency_s: float = Field(default=0.0, description="Seconds until the completion came back.")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Turn:
+        if len(self.completion_ids) != len(self.logprobs):
+            raise TrajectoryError(
+                f"turn has {len(self.completion_ids)} completion ids but "
+                f"{len(self.logprobs)} logprobs"
+            )
+        return self
+
+
+class Trajectory(BaseModel):
+    """One episode. Serialises to one JSON line (`model_dump_json`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    task_id: str
+    group_id: str = ""
+    turns: list[Turn] = Field(default_factory=list)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    reward: float | None = None
+    status: Status | None = Field(default=None, description="None while the episode runs.")
+    error: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    info: dict[str, Any] = Field(default_factory=dict)
+
+    def prompt_ids(self, k: int) -> list[int]:
+        """The full prompt that turn `k` sent, rebuilt from the stored deltas."""
+        start = k
+        while start > 0 and self.turns[start].extends:
+            start -= 1
+        ids: list[int] = []
+        for turn in self.turns[start:k]:
+            ids += turn.prompt_ids
+            ids += turn.completion_ids
+        ids += self.turns[k].prompt_ids
+        return ids
+
+    def segments(self) -> list[Segment]:
+        """Training sequences: consecutive turns that extend one another share a segment.
+
+        Raises:
+            TrajectoryError: a turn claims to extend nothing, or lengths disagree.
+        """
+        segments: list[Segment] = []
+        tokens: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        first = 0
+        for k, turn in enumerate(self.turns):
+            if turn.extends and k == 0:
+                raise TrajectoryError("the first turn cannot extend a previous one", turn=0)
+            if not turn.extends and tokens:
+                segments.append(Segment.build(tokens, mask, logprobs, versions, (first, k)))
+                tokens, mask, logprobs, versions = [], [], [], []
+                first = k
+            v = turn.policy.version
+            n = len(turn.prompt_ids)
+            tokens += turn.prompt_ids
+            mask += [0] * n
+            logprobs += [0.0] * n
+            versions += [v] * n
+            m = len(turn.completion_ids)
+            tokens += turn.completion_ids
+            mask += [1] * m
+            logprobs += turn.logprobs
+            versions += [v] * m
+        if tokens:
+            segments.append(
+                Segment.build(tokens, mask, logprobs, versions, (first, len(self.turns)))
+            )
+        return segments
+
+    @property
+    def policies(self) -> set[PolicyRef]:
+        """Every policy that sampled a turn of this episode."""
+        return {t.policy for t in self.turns}
+
+    @property
+    def settled(self) -> bool:
+        return self.status is not None
+
+
+class Segment(BaseModel):
+    """A training sequence. `mask` is 1 exactly on sampled tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens: list[int]
+    mask: list[int]
+    logprobs: list[float] = Field(description="Sampler logprobs on masked positions, 0 elsewhere.")
+    policy_version: list[int] = Field(description="Version of the policy behind each token.")
+    turns: tuple[int, int] = Field(description="Half-open range of turn indices it covers.")
+
+    @classmethod
+    def build(
+        cls,
+        tokens: Sequence[int],
+        mask: Sequence[int],
+        logprobs: Sequence[float],
+        versions: Sequence[int],
+        turns: tuple[int, int],
+    ) -> Segment:
+        return cls(
+            tokens=list(tokens),
+            mask=list(mask),
+            logprobs=list(logprobs),
+            policy_version=list(versions),
+            turns=turns,
+        )
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Segment:
+        n = len(self.tokens)
+        for name in ("mask", "logprobs", "policy_version"):
+            if len(getattr(self, name)) != n:
+                raise TrajectoryError(
+                    f"segment over turns {self.turns}: {name} has {len(getattr(self, name))} "
+                    f"entries for {n} tokens",
+                    turn=self.turns[0],
+                )
+        for i, (m, lp) in enumerate(zip(self.mask, self.logprobs, strict=True)):
+            if m not in (0, 1):
+                raise TrajectoryError(f"mask value {m} at position {i}", position=i)
+            if m and not math.isfinite(lp):
+                raise TrajectoryError(f"non-finite logprob {lp} at position {i}", position=i)
+        return self
+
+
+class Group(BaseModel):
+    """Trajectories that share one task, admitted together under one policy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    task_id: str
+    size: int = Field(ge=1, description="How many members were admitted.")
+    policy: PolicyRef = Field(description="The policy current when the group was admitted.")
+    trajectories: list[Trajectory] = Field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Every admitted member is present and settled."""
+        return len(self.trajectories) == self.size and all(t.settled for t in self.trajectories)
