@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from plies import models
 from transformers import AutoTokenizer
+
+from plies import models
 
 
 @pytest.fixture(scope="session")

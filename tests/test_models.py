@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plies import models
 from transformers import AutoConfig, AutoTokenizer
+
+from plies import models
 
 
 def test_qwen3_tokenizer_encodes_chatml_exactly(qwen3_tokenizer):
