@@ -40,3 +40,23 @@ def models_tiny(
 
     models.build_tiny_model(out, seed=seed)
     typer.echo(str(out))
+
+
+@app.command("doctor")
+def doctor(
+    tokenizer_dir: Annotated[Path, typer.Argument(help="A local tokenizer or model directory.")],
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON, not tables.")] = False,
+    kwarg: Annotated[
+        list[str] | None,
+        typer.Option(help="Template variable NAME=VALUE (JSON value): enable_thinking=false."),
+    ] = None,
+) -> None:
+    """Is this chat template safe for incremental prompts? Probe verdicts and fallbacks."""
+    from ._exceptions import ConfigError
+    from .tokens._doctor import run_doctor
+
+    try:
+        run_doctor(tokenizer_dir, json_output, kwarg or [])
+    except ConfigError as err:
+        typer.echo(f"plies doctor: {err}", err=True)
+        raise typer.Exit(2) from err

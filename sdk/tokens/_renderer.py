@@ -1,0 +1,367 @@
+"""Incremental prompts: each turn's prompt is the previous prompt + the sampled ids + a delta.
+
+Why: re-rendering the whole history every turn costs O(history) per turn and, for templates
+that rewrite history (Qwen3 strips reasoning, tools baked into the system turn), silently
+changes tokens the policy already saw. Here the history is never re-rendered or re-tokenized on
+the incremental path; when it cannot be proven exact the prompt is fully re-rendered, and the
+turn says so (`PromptDelta.extends` is false and `fallback` names the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .._exceptions import ConfigError
+from ._parser import ParsedResponse, ResponseParser
+from ._probe import (
+    Fallback,
+    FallbackReason,
+    TemplateProfile,
+    classify,
+    incremental_delta,
+    is_multimodal,
+    probe,
+)
+from ._template import Template, chat_template_text, tool_schemas
+
+__all__ = ["ChatRenderer", "Conversation", "PromptDelta"]
+
+_FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True)
+class PromptDelta:
+    """What a recorder stores for one prompt, without copying history.
+
+    Attributes:
+        ids: the tokens added after the previous prompt + completion when `extends`, else the
+            whole prompt. Build `plies.trajectory.Turn(prompt_ids=ids, extends=extends, ...)`.
+        extends: the prompt is the previous prompt + completion + `ids`.
+        fallback: why the prompt was fully re-rendered, when it was after the first turn.
+    """
+
+    ids: list[int]
+    extends: bool
+    fallback: Fallback | None = None
+
+
+class ChatRenderer:
+    """Builds token prompts for multi-turn conversations with one tokenizer and chat template.
+
+    One renderer serves many conversations and owns the cache of probe verdicts (one per
+    template key), so create one per model and reuse it.
+
+    Args:
+        tokenizer: a transformers tokenizer with a chat template.
+        tools: tools offered to the model (JSON schemas or callables), as for
+            `apply_chat_template`.
+        template_kwargs: extra template variables, e.g. `{"enable_thinking": False}`. Pin
+            date-dependent variables (Llama's `date_string`) here so a run stays reproducible.
+
+    Raises:
+        ConfigError: the tokenizer has no chat template.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: Sequence[Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.tools = tool_schemas(tools)
+        self.template_kwargs = dict(template_kwargs or {})
+        chat_template_text(tokenizer, self.tools)
+        self._profiles: dict[str, TemplateProfile] = {}
+        self._parsers: dict[str, ResponseParser] = {}
+        self._lock = threading.Lock()
+
+    def start(
+        self, messages: Sequence[dict[str, Any]], *, tools: Sequence[Any] | None = None
+    ) -> Conversation:
+        """Begin a conversation; its first prompt is a full render of `messages`.
+
+        Args:
+            messages: the opening messages (system, user, or a resumed history).
+            tools: tools for this conversation, overriding the renderer's.
+        """
+        return Conversation(self, messages, self.tools if tools is None else tool_schemas(tools))
+
+    def template(
+        self, tools: list[dict[str, Any]] | None, system: dict[str, Any] | None
+    ) -> Template:
+        """The template bound to these tools and system message (one template key)."""
+        return Template(
+            self.tokenizer, tools=tools, template_kwargs=self.template_kwargs, system=system
+        )
+
+    def profile(self, template: Template) -> TemplateProfile:
+        """The probe's verdicts for `template`'s key, probing on first use."""
+        found = self._profiles.get(template.key)
+        if found is None:
+            with self._lock:
+                found = self._profiles.get(template.key)
+                if found is None:
+                    found = self._profiles[template.key] = probe(template)
+        return found
+
+    def parser(self, tools: list[dict[str, Any]] | None) -> ResponseParser:
+        """The response parser for these tools (cached).
+
+        Raises:
+            ConfigError: tools are offered and no response template is known.
+        """
+        key = json.dumps(tools, sort_keys=True, default=repr)
+        found = self._parsers.get(key)
+        if found is None:
+            found = self._parsers[key] = ResponseParser.for_tokenizer(
+                self.tokenizer, tools=tools, template_kwargs=self.template_kwargs
+            )
+        return found
+
+
+class Conversation:
+    """One episode's prompts. Not thread-safe: one task drives it.
+
+    `prompt_ids` is a live list that grows in place as the conversation advances (that is what
+    keeps a turn O(new tokens)); copy it to keep a snapshot, or better store `delta`.
+
+    Example::
+
+        conv = renderer.start([{"role": "user", "content": "hi"}])
+        completion = await policy.sample(await conv.arender())
+        parsed = conv.add_completion(completion.ids, completion.finish_reason)
+        conv.add_messages([{"role": "tool", "name": "f", "content": "42"}])
+        turn_delta = conv.delta  # ids added since prompt + completion, extends, fallback
+    """
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        messages: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+    ):
+        if not messages:
+            raise ConfigError("a conversation needs at least one message")
+        self._renderer = renderer
+        self._messages = [_checked_message(m) for m in messages]
+        self._system = self._messages[0] if self._messages[0]["role"] == "system" else None
+        self._tools = tools
+        self._template = renderer.template(tools, self._system)
+        self._turn = 0
+        self._prompt: list[int] = []
+        self._delta = PromptDelta([], False)
+        self._dirty = True
+        # State between a completion and the next prompt.
+        self._base: list[int] | None = None
+        self._base_len = 0
+        self._completion: list[int] = []
+        self._finish = "stop"
+        self._assistant: dict[str, Any] = {}
+        self._pending: list[dict[str, Any]] = []
+        self._forced: Fallback | None = None
+        self._transition_reasoning = False
+        self._reasoning_since_user = _reasoning_since_user(self._messages)
+        self.fallbacks: list[Fallback] = []
+        """Every full re-render after the first prompt, with the turn it built and why."""
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The history so far (parsed or given assistant turns included). Do not mutate."""
+        return self._messages
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return self._tools
+
+    @property
+    def turn(self) -> int:
+        """Index of the prompt being built: the number of completions added so far."""
+        return self._turn
+
+    @property
+    def template_key(self) -> str:
+        """sha256 of the template text, kwargs, tools and system message now in force."""
+        return self._template.key
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The current prompt (rendered on first access after a change). A live list."""
+        return self.render()
+
+    @property
+    def delta(self) -> PromptDelta:
+        """How the current prompt relates to the previous turn, for compact recording."""
+        self.render()
+        return self._delta
+
+    def render(self) -> list[int]:
+        """Build the current prompt if a change is pending, and return it.
+
+        Raises:
+            TokenizationError: the template cannot render the conversation at all.
+        """
+        if not self._dirty:
+            return self._prompt
+        if self._base is None:
+            ids = self._template.render(self._messages, generation_prompt=True)
+            self._prompt, self._delta = ids, PromptDelta(list(ids), False)
+        else:
+            self._advance()
+        self._dirty = False
+        return self._prompt
+
+    async def arender(self) -> list[int]:
+        """`render` in a worker thread, so long renders never block the event loop."""
+        return await anyio.to_thread.run_sync(self.render)
+
+    def add_completion(
+        self,
+        completion_ids: Sequence[int],
+        finish_reason: str = "stop",
+        *,
+        message: dict[str, Any] | None = None,
+    ) -> ParsedResponse:
+        """Record the sampled ids for the current prompt, verbatim.
+
+        Args:
+            completion_ids: what the sampler returned, stop token included.
+            finish_reason: "stop" (a stop token was sampled), "length" or "abort" (no stop
+                token: the template's close token is added to the next prompt, unmasked).
+            message: the assistant message these ids stand for, when the caller already has
+                it; else the ids are parsed with the template's response parser.
+
+        Returns:
+            The parsed turn (ill-formed output is data, not an exception).
+
+        Raises:
+            ConfigError: unknown finish reason, or tools offered with no response parser.
+        """
+        if finish_reason not in _FINISH_REASONS:
+            raise ConfigError(
+                f"finish_reason {finish_reason!r} is not one of {', '.join(_FINISH_REASONS)}"
+            )
+        prompt = self.render()
+        ids = list(completion_ids)
+        if message is None:
+            parsed = self._renderer.parser(self._tools).parse(ids, prompt_ids=prompt)
+            message = parsed.to_message()
+        else:
+            message = _checked_message(message)
+            if message["role"] != "assistant":
+                raise ConfigError(f"a completion's message has role {message['role']!r}")
+            parsed = ParsedResponse.from_message(message)
+        base = prompt
+        base.extend(ids)
+        self._base, self._base_len = base, len(base)
+        self._completion, self._finish, self._assistant = ids, finish_reason, message
+        self._messages.append(message)
+        self._pending = []
+        self._forced = None
+        self._turn += 1
+        self._reasoning_since_user = self._reasoning_since_user or bool(
+            message.get("reasoning_content")
+        )
+        self._transition_reasoning = self._reasoning_since_user
+        self._dirty = True
+        return parsed
+
+    def add_messages(self, messages: Sequence[dict[str, Any]]) -> None:
+        """Append non-assistant messages (tool results, user turns) for the next prompt."""
+        checked = [_checked_message(m) for m in messages]
+        for m in checked:
+            if m["role"] == "assistant":
+                raise ConfigError(
+                    "assistant turns enter through add_completion, so their sampled ids are kept"
+                )
+            if m["role"] == "user":
+                self._reasoning_since_user = False
+        self._messages += checked
+        self._pending += checked
+        self._dirty = True
+
+    def set_tools(self, tools: Sequence[Any] | None) -> None:
+        """Change the tools offered from the next prompt on (a new template key: full render)."""
+        schemas = tool_schemas(tools)
+        template = self._renderer.template(schemas, self._system)
+        if template.key != self._template.key and self._base is not None:
+            self._forced = Fallback(self._turn, FallbackReason.KEY_CHANGED, "tools changed")
+        self._tools, self._template = schemas, template
+        self._dirty = True
+
+    def _advance(self) -> None:
+        """Extend the prompt with a delta, or fully re-render and record why."""
+        outcome = self._incremental()
+        if self.fallbacks and self.fallbacks[-1].turn == self._turn:
+            self.fallbacks.pop()  # messages arrived again before sampling: one fallback a turn
+        assert self._base is not None
+        if isinstance(outcome, list):
+            del self._base[self._base_len :]
+            self._base.extend(outcome)
+            self._prompt, self._delta = self._base, PromptDelta(outcome, True)
+            return
+        fallback = Fallback(self._turn, outcome.reason, outcome.detail)
+        ids = self._template.render(self._messages, generation_prompt=True)
+        self.fallbacks.append(fallback)
+        self._prompt, self._delta = ids, PromptDelta(list(ids), False, fallback)
+
+    def _incremental(self) -> list[int] | Fallback:
+        if self._forced is not None:
+            return self._forced
+        if any(is_multimodal(m) for m in (self._assistant, *self._pending)):
+            return Fallback(self._turn, FallbackReason.MULTIMODAL, "non-text content")
+        kind = classify(self._pending, self._transition_reasoning)
+        if isinstance(kind, Fallback):
+            return kind
+        profile = self._renderer.profile(self._template)
+        if profile.close_id is None:
+            return Fallback(self._turn, FallbackReason.CLOSE_TOKEN, profile.close_detail)
+        completion = self._completion
+        if self._finish == "stop":
+            if not completion or completion[-1] != profile.close_id:
+                last = completion[-1] if completion else None
+                return Fallback(
+                    self._turn,
+                    FallbackReason.NOT_CLOSED,
+                    f"ended on id {last}, not the close token {profile.close_detail!r}",
+                )
+            appended: list[int] = []
+        else:
+            appended = [profile.close_id]
+        verdict = profile.verdicts[kind]
+        if not verdict.exact:
+            assert verdict.reason is not None
+            return Fallback(self._turn, verdict.reason, verdict.detail)
+        delta = incremental_delta(
+            self._template,
+            profile,
+            self._assistant,
+            completion + appended if appended else completion,
+            self._pending,
+            kind,
+        )
+        if isinstance(delta, Fallback):
+            return delta
+        return appended + delta if appended else delta
+
+
+def _checked_message(message: Any) -> dict[str, Any]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise ConfigError(f"a message must be a dict with a string 'role', got {message!r:.80}")
+    return dict(message)
+
+
+def _reasoning_since_user(messages: list[dict[str, Any]]) -> bool:
+    """Whether an assistant turn after the last user message carried reasoning."""
+    for m in reversed(messages):
+        if m["role"] == "user":
+            return False
+        if m["role"] == "assistant" and m.get("reasoning_content"):
+            return True
+    return False

@@ -1,0 +1,118 @@
+"""One chat template bound to a tokenizer: rendering to ids, template keys, the turn-close token.
+
+Why keys: whether prompts may be built incrementally depends on the template text, its kwargs,
+the tools and the system message (tools and system are often baked into the first turn), so
+every verdict about a template is cached under the sha256 of all four.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .._exceptions import ConfigError, TokenizationError
+
+__all__ = ["Template", "chat_template_text", "template_hash"]
+
+
+def chat_template_text(tokenizer: Any, tools: Sequence[Any] | None = None) -> str:
+    """The template text `apply_chat_template` would use for these tools.
+
+    Raises:
+        ConfigError: the tokenizer has no chat template.
+    """
+    try:
+        text = tokenizer.get_chat_template(None, list(tools) if tools else None)
+    except ValueError as err:
+        raise ConfigError(f"tokenizer has no usable chat template: {err}") from err
+    if not isinstance(text, str) or not text:
+        raise ConfigError("tokenizer has no chat template")
+    return text
+
+
+def template_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def tool_schemas(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    """Tools as JSON schemas (callables converted the way transformers does), or None."""
+    if not tools:
+        return None
+    from transformers.utils import get_json_schema
+
+    return [t if isinstance(t, dict) else get_json_schema(t) for t in tools]
+
+
+class Template:
+    """A tokenizer, one template text, kwargs, tools and system message: one template key.
+
+    Renders are exactly `apply_chat_template(..., tokenize=True, return_dict=False)`, the
+    definition of a correct prompt; failures become `TokenizationError` naming the key.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+        system: dict[str, Any] | None,
+    ):
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.kwargs = template_kwargs
+        self.system = system
+        self.text = chat_template_text(tokenizer, tools)
+        payload = json.dumps(
+            {"template": self.text, "kwargs": template_kwargs, "tools": tools, "system": system},
+            sort_keys=True,
+            default=repr,
+        )
+        self.key = hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+    def render(self, messages: Sequence[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
+        """Token ids of `messages`, as `apply_chat_template` gives them.
+
+        Raises:
+            TokenizationError: the template could not render these messages.
+        """
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                list(messages),
+                tools=self.tools,
+                chat_template=self.text,
+                add_generation_prompt=generation_prompt,
+                tokenize=True,
+                return_dict=False,
+                **self.kwargs,
+            )
+        except Exception as err:  # jinja, TypeError, template raise_exception: all one failure
+            roles = ",".join(str(m.get("role")) for m in messages[-4:])
+            raise TokenizationError(
+                f"chat template key {self.key[:12]} could not render {len(messages)} messages "
+                f"(last roles {roles}): {type(err).__name__}: {err}"
+            ) from err
+        if not isinstance(ids, list) or (ids and not isinstance(ids[0], int)):
+            raise TokenizationError(
+                f"chat template key {self.key[:12]}: apply_chat_template returned "
+                f"{type(ids).__name__}, not a list of ids"
+            )
+        return ids
+
+    def render_text(
+        self, messages: Sequence[dict[str, Any]], *, generation_prompt: bool
+    ) -> str | None:
+        """Rendered text, or None if the template refuses (only used to discover markers)."""
+        try:
+            return self.tokenizer.apply_chat_template(
+                list(messages),
+                tools=self.tools,
+                chat_template=self.text,
+                add_generation_prompt=generation_prompt,
+                tokenize=False,
+                **self.kwargs,
+            )
+        except Exception:  # discovery tolerates any template failure and reports it elsewhere
+            return None
