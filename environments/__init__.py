@@ -1,0 +1,55 @@
+"""Environments: the `Env` base class and its tools, and Blackjack three ways.
+
+- `Env`, `tool`, `Task`, `Observation`, `ToolResult`, `Tool`, `RemoteRef`: write your own env.
+- `BlackjackEnv`: Blackjack in process.
+- `OpenEnvEnv` and `OpenEnvEndpoint`: drive any OpenEnv server through OpenEnv's own client;
+  `python -m plies.environments.openenv_server` serves Blackjack as one.
+- `SandboxedBlackjackEnv`: the trusted game script run in one sandbox per episode, through a
+  `SandboxBackend`: `LocalProcessBackend` or `E2BBackend`; `reap_sandbox` kills one by id.
+
+The `openenv` and `e2b` packages are imported only when an env first needs them.
+"""
+
+from ._env import Env as Env
+from ._env import Observation as Observation
+from ._env import RemoteRef as RemoteRef
+from ._env import Task as Task
+from ._env import Tool as Tool
+from ._env import ToolResult as ToolResult
+from ._env import tool as tool
+from .blackjack import BlackjackEnv as BlackjackEnv
+from .e2b_backend import E2BBackend as E2BBackend
+from .openenv_client import OpenEnvEndpoint as OpenEnvEndpoint
+from .openenv_client import OpenEnvEnv as OpenEnvEnv
+from .sandbox import CommandResult as CommandResult
+from .sandbox import LocalProcessBackend as LocalProcessBackend
+from .sandbox import Sandbox as Sandbox
+from .sandbox import SandboxBackend as SandboxBackend
+from .sandbox import reap_sandbox as reap_sandbox
+from .sandboxed import SandboxedBlackjackEnv as SandboxedBlackjackEnv
+
+__all__ = [
+    "BlackjackEnv",
+    "CommandResult",
+    "E2BBackend",
+    "Env",
+    "LocalProcessBackend",
+    "Observation",
+    "OpenEnvEndpoint",
+    "OpenEnvEnv",
+    "RemoteRef",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxedBlackjackEnv",
+    "Task",
+    "Tool",
+    "ToolResult",
+    "reap_sandbox",
+    "tool",
+]
+
+for _name in __all__:  # show `plies.environments.Task`, not the private module, in reprs
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("plies.environments._"):
+        _obj.__module__ = __name__
+del _name, _obj

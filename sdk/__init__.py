@@ -6,19 +6,23 @@ driver, signals, sinks), `plies.training`, `plies.gateway`, `plies.server`,
 `plies.environments` and `plies.harness`.
 """
 
+from ._exceptions import AdmissionClosed as AdmissionClosed
 from ._exceptions import ConfigError as ConfigError
 from ._exceptions import EnvCapacityError as EnvCapacityError
 from ._exceptions import EnvError as EnvError
 from ._exceptions import GatewayError as GatewayError
 from ._exceptions import LeaseError as LeaseError
+from ._exceptions import OperationUnsettled as OperationUnsettled
 from ._exceptions import PliesError as PliesError
 from ._exceptions import PolicyError as PolicyError
 from ._exceptions import PolicyOutcomeUnknown as PolicyOutcomeUnknown
 from ._exceptions import PolicyResponseError as PolicyResponseError
 from ._exceptions import PolicyUnavailable as PolicyUnavailable
+from ._exceptions import PoolExhausted as PoolExhausted
 from ._exceptions import SandboxError as SandboxError
 from ._exceptions import TokenizationError as TokenizationError
 from ._exceptions import TrainingError as TrainingError
+from ._exceptions import TrainingGradientsLost as TrainingGradientsLost
 from ._exceptions import TrainingQuarantined as TrainingQuarantined
 from ._exceptions import TrajectoryError as TrajectoryError
 from ._exceptions import UsageError as UsageError
@@ -30,23 +34,27 @@ from .trajectory import Trajectory as Trajectory
 from .trajectory import Turn as Turn
 
 __all__ = [
+    "AdmissionClosed",
     "ConfigError",
     "EnvCapacityError",
     "EnvError",
     "GatewayError",
     "Group",
     "LeaseError",
+    "OperationUnsettled",
     "PliesError",
     "PolicyError",
     "PolicyOutcomeUnknown",
     "PolicyRef",
     "PolicyResponseError",
     "PolicyUnavailable",
+    "PoolExhausted",
     "SandboxError",
     "Segment",
     "Status",
     "TokenizationError",
     "TrainingError",
+    "TrainingGradientsLost",
     "TrainingQuarantined",
     "Trajectory",
     "TrajectoryError",
