@@ -11,6 +11,8 @@ from ._exceptions import ConfigError as ConfigError
 from ._exceptions import EnvCapacityError as EnvCapacityError
 from ._exceptions import EnvError as EnvError
 from ._exceptions import GatewayError as GatewayError
+from ._exceptions import GatewayRequestError as GatewayRequestError
+from ._exceptions import GatewaySessionError as GatewaySessionError
 from ._exceptions import LeaseError as LeaseError
 from ._exceptions import OperationUnsettled as OperationUnsettled
 from ._exceptions import PliesError as PliesError
@@ -39,6 +41,8 @@ __all__ = [
     "EnvCapacityError",
     "EnvError",
     "GatewayError",
+    "GatewayRequestError",
+    "GatewaySessionError",
     "Group",
     "LeaseError",
     "OperationUnsettled",

@@ -42,6 +42,79 @@ def models_tiny(
     typer.echo(str(out))
 
 
+@app.command("serve")
+def serve(
+    model_dir: Annotated[Path, typer.Argument(help="Hugging Face model directory (version 0).")],
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where published policies live; a temporary dir if omitted."),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port; 0 picks a free one.")] = 0,
+    max_batch_size: Annotated[int, typer.Option(help="Rows per forward pass.")] = 32,
+    max_queued: Annotated[int, typer.Option(help="In-flight requests before 503.")] = 1024,
+    max_model_len: Annotated[int, typer.Option(help="Prompt + completion tokens.")] = 4096,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    threads: Annotated[int | None, typer.Option(help="torch intra-op threads.")] = None,
+) -> None:
+    """Run the reference policy server; print one JSON line with its url when ready."""
+    from .server._serve import serve as run_server
+
+    raise typer.Exit(
+        run_server(
+            threads=threads,
+            model_dir=model_dir,
+            state_dir=state_dir,
+            host=host,
+            port=port,
+            max_batch_size=max_batch_size,
+            max_queued=max_queued,
+            max_model_len=max_model_len,
+            device=device,
+        )
+    )
+
+
+@app.command("gateway")
+def gateway(
+    sampler: Annotated[str, typer.Option(help="Base URL of the policy server (vLLM API).")],
+    tokenizer: Annotated[Path, typer.Option(help="Tokenizer directory with a chat template.")],
+    host: Annotated[str, typer.Option(help="Bind address; loopback by default.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port; 0 picks a free one.")] = 0,
+    model: Annotated[
+        str | None, typer.Option(help="Served model name to sample from (default: the server's).")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Cap on completion tokens per turn.")
+    ] = None,
+) -> None:
+    """Run the capture gateway; prints {"url", "admin_token"} as one JSON line when ready."""
+    from .gateway._standalone import run_standalone
+
+    raise typer.Exit(
+        run_standalone(
+            sampler=sampler,
+            tokenizer=tokenizer,
+            host=host,
+            port=port,
+            model=model,
+            max_tokens=max_tokens,
+        )
+    )
+
+
+@app.command("reap")
+def reap(
+    report: Annotated[Path, typer.Argument(help="A quarantine report written by a run.")],
+    dry_run: Annotated[bool, typer.Option(help="Only say what would be tried.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds per teardown.")] = 30.0,
+) -> None:
+    """Tear down what a quarantine report says may still exist; mark it in the report."""
+    from .runtime._reap import reap_command
+
+    raise typer.Exit(reap_command(report, dry_run=dry_run, timeout=timeout))
+
+
 @app.command("doctor")
 def doctor(
     tokenizer_dir: Annotated[Path, typer.Argument(help="A local tokenizer or model directory.")],
@@ -60,3 +133,26 @@ def doctor(
     except ConfigError as err:
         typer.echo(f"plies doctor: {err}", err=True)
         raise typer.Exit(2) from err
+
+
+demo_app = typer.Typer(no_args_is_help=True, help="Worked examples that run end to end.")
+app.add_typer(demo_app, name="demo")
+
+
+@demo_app.command("blackjack")
+def demo_blackjack(
+    out: Annotated[
+        Path, typer.Option(help="Run directory; an existing run there is resumed.")
+    ] = Path("runs/blackjack"),
+    budget: Annotated[str, typer.Option(help="default (the full run), quick or smoke.")] = (
+        "default"
+    ),
+    env: Annotated[str, typer.Option(help="local (in process) or openenv (a server).")] = "local",
+    sandbox: Annotated[
+        str, typer.Option(help="none, local or e2b: run each hand in its own sandbox.")
+    ] = "none",
+) -> None:
+    """Warm-start the tiny model, then train it at Blackjack with GRPO (Ctrl-C, then resume)."""
+    from .demo_blackjack import main
+
+    raise typer.Exit(main(out, budget=budget, env=env, sandbox=sandbox))  # type: ignore[arg-type]

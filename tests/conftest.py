@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,3 +37,96 @@ def tiny_model_dir() -> Path:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@dataclass
+class PolicyServer:
+    """A running `plies serve` subprocess, as its ready line described it."""
+
+    url: str
+    policy: dict
+    model: str
+    state_dir: Path
+    process: subprocess.Popen
+    log: Path
+
+
+@contextlib.contextmanager
+def run_policy_server(
+    model_dir: Path, state_dir: Path, *args: str, ready_timeout: float = 180.0
+) -> Iterator[PolicyServer]:
+    """Start `plies serve MODEL_DIR --state-dir STATE_DIR ARGS` on 127.0.0.1; stop it after.
+
+    Waits for the one JSON ready line on stdout; stderr goes to STATE_DIR/../serve-*.log.
+    """
+    log = Path(tempfile.mkstemp(prefix="serve-", suffix=".log", dir=Path(state_dir).parent)[1])
+    cmd = [sys.executable, "-c", "from plies.cli import app; app()", "serve", str(model_dir)]
+    cmd += ["--state-dir", str(state_dir), "--threads", "1", *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with log.open("wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
+    lines: list[bytes] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(ready_timeout)
+    try:
+        if not lines or not lines[0]:
+            proc.kill()
+            raise RuntimeError(f"plies serve did not get ready: {log.read_text()[-3000:]}")
+        ready = json.loads(lines[0])
+        yield PolicyServer(
+            ready["url"], ready["policy"], ready["model"], Path(state_dir), proc, log
+        )
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def policy_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[PolicyServer]:
+    """One reference policy server on the tiny model, shared by the whole session."""
+    with run_policy_server(tiny_model_dir, tmp_path_factory.mktemp("policy-server")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def start_policy_server():
+    """`run_policy_server` as a fixture, for tests that need their own server process."""
+    return run_policy_server
+
+
+@pytest.fixture(scope="session")
+def forward_logprobs():
+    """`f(model_dir, prompt, ids, temperature=1.0, top_k=-1)`: the logprobs of `ids` after
+    `prompt` from one plain transformers forward pass, under the sampling convention (after
+    temperature, renormalised over the top k). What sampler logprobs are checked against."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    loaded: dict[str, object] = {}
+
+    def logprobs(model_dir, prompt, ids, temperature=1.0, top_k=-1) -> list[float]:
+        key = str(model_dir)
+        if key not in loaded:
+            loaded[key] = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=torch.float32
+            ).eval()
+        with torch.no_grad():
+            out = loaded[key](torch.tensor([list(prompt) + list(ids)]))
+        logits = out.logits[0, len(prompt) - 1 : -1].double()
+        if temperature > 0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, -1)
+        if top_k > 0:
+            top = torch.topk(logp, top_k, -1)
+            logp = torch.full_like(logp, float("-inf")).scatter(-1, top.indices, top.values)
+            logp = logp - torch.logsumexp(logp, -1, keepdim=True)
+        return logp.gather(-1, torch.tensor(list(ids))[:, None])[:, 0].tolist()
+
+    return logprobs

@@ -1,0 +1,46 @@
+"""The capture gateway: an OpenAI-compatible endpoint that records exact trajectories.
+
+Black-box agents written against the OpenAI client call `/v1/chat/completions` with a
+session key as their API key. The gateway renders their messages with `plies.tokens`,
+samples through a `plies.policy` client, answers with parsed tool calls, and records every
+turn's exact tokens and logprobs into the session's trajectory.
+
+- `Gateway`: sessions and turns (`create_session`, `finish_session`, `drop_session`).
+- `create_app`: the ASGI app, to mount on your own server.
+- `GatewayServer`: the app served by uvicorn on your event loop.
+- `ThreadedGatewayServer`: all of it on its own loop in a daemon thread, for sync trainers.
+- `GatewayFallback`: why a prompt was rendered in full rather than extended.
+"""
+
+from ._app import create_app as create_app
+from ._gateway import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS
+from ._gateway import DEFAULT_SETTLE_TIMEOUT as DEFAULT_SETTLE_TIMEOUT
+from ._gateway import Gateway as Gateway
+from ._server import DEFAULT_HOST as DEFAULT_HOST
+from ._server import GatewayServer as GatewayServer
+from ._session import GatewayFallback as GatewayFallback
+from ._session import SessionState as SessionState
+from ._threaded import ThreadedGatewayServer as ThreadedGatewayServer
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_SETTLE_TIMEOUT",
+    "Gateway",
+    "GatewayFallback",
+    "GatewayServer",
+    "SessionState",
+    "ThreadedGatewayServer",
+    "create_app",
+]
+
+for _name in (
+    "Gateway",
+    "GatewayFallback",
+    "GatewayServer",
+    "SessionState",
+    "ThreadedGatewayServer",
+):
+    globals()[_name].__module__ = "plies.gateway"
+ThreadedGatewayServer.__module__ = "plies.gateway"
+del _name

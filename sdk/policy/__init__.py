@@ -1,0 +1,50 @@
+"""Policy clients: token ids in, sampled ids, logprobs and the producing policy out.
+
+- `SamplingParams`, `Completion`, and the `PolicyClient` protocol (`sample`).
+- `VLLMClient`: vLLM's `/v1/completions`; also the client of the plies reference server.
+- `SGLangClient`: SGLang's native `/generate`.
+- `Timeout`, `RetryPolicy`: explicit HTTP timeouts and retry bounds.
+- `load_lora_adapter`, `unload_lora_adapter`, `reload_weights`: switch the policy behind a
+  fleet (every engine of a client), keeping the client's name -> `PolicyRef` map in step.
+
+Logprob convention: each sampled token's logprob under the distribution it was drawn from
+(logits / temperature, then top-k, then top-p), vLLM's `processed_logprobs`.
+"""
+
+from __future__ import annotations
+
+from ._config import DEFAULT_RETRY as DEFAULT_RETRY
+from ._config import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
+from ._config import RetryPolicy as RetryPolicy
+from ._config import Timeout as Timeout
+from ._publish import load_lora_adapter as load_lora_adapter
+from ._publish import policy_path as policy_path
+from ._publish import reload_weights as reload_weights
+from ._publish import unload_lora_adapter as unload_lora_adapter
+from ._sglang import SGLangClient as SGLangClient
+from ._types import Completion as Completion
+from ._types import PolicyClient as PolicyClient
+from ._types import SamplingParams as SamplingParams
+from ._vllm import VLLMClient as VLLMClient
+
+__all__ = [
+    "DEFAULT_RETRY",
+    "DEFAULT_TIMEOUT",
+    "Completion",
+    "PolicyClient",
+    "RetryPolicy",
+    "SGLangClient",
+    "SamplingParams",
+    "Timeout",
+    "VLLMClient",
+    "load_lora_adapter",
+    "policy_path",
+    "reload_weights",
+    "unload_lora_adapter",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if not isinstance(_obj, Timeout | RetryPolicy):  # the default instances have no module
+        _obj.__module__ = __name__
+del _name, _obj

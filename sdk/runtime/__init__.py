@@ -1,0 +1,94 @@
+"""The runtime: resources and leases, quarantine, the rollout driver, signals and sinks.
+
+- `RolloutResources` holds the policy client and the pools episodes borrow from, and writes
+  the quarantine report when it closes.
+- `Pool` (`EnvPool`, `HarnessPool`) lends `Lease`s on resources it creates and tears down;
+  `lease.operation(name)` marks remote work that cancellation waits for.
+- `RolloutDriver` runs episodes of admitted groups and hands back complete groups.
+- `run` wraps a script's main with three-step Ctrl-C handling; `JsonlSink` and `read_jsonl`
+  write and read records a crash cannot corrupt; `reap_report` (`plies reap`) tears down
+  what a quarantine report lists.
+"""
+
+import inspect
+
+from ._driver import DriverState as DriverState
+from ._driver import DriverStatistics as DriverStatistics
+from ._driver import EpisodeContext as EpisodeContext
+from ._driver import GroupSpec as GroupSpec
+from ._driver import RolloutDriver as RolloutDriver
+from ._pool import EnvPool as EnvPool
+from ._pool import HarnessPool as HarnessPool
+from ._pool import Lease as Lease
+from ._pool import LeaseState as LeaseState
+from ._pool import Pool as Pool
+from ._pool import PoolState as PoolState
+from ._pool import PoolStatistics as PoolStatistics
+from ._progress import LiveProgress as LiveProgress
+from ._reap import Reaper as Reaper
+from ._reap import ReapOutcome as ReapOutcome
+from ._reap import ReapResult as ReapResult
+from ._reap import builtin_reapers as builtin_reapers
+from ._reap import process_remote_id as process_remote_id
+from ._reap import reap_e2b_sandbox as reap_e2b_sandbox
+from ._reap import reap_process as reap_process
+from ._reap import reap_report as reap_report
+from ._report import QuarantineRecord as QuarantineRecord
+from ._report import QuarantineReport as QuarantineReport
+from ._report import read_report as read_report
+from ._resources import ResourcesState as ResourcesState
+from ._resources import ResourcesStatistics as ResourcesStatistics
+from ._resources import RolloutResources as RolloutResources
+from ._settle import SettlingState as SettlingState
+from ._signals import Interrupts as Interrupts
+from ._signals import run as run
+from ._sink import JsonlRead as JsonlRead
+from ._sink import JsonlSink as JsonlSink
+from ._sink import MalformedLine as MalformedLine
+from ._sink import SinkState as SinkState
+from ._sink import read_groups as read_groups
+from ._sink import read_jsonl as read_jsonl
+
+__all__ = [
+    "DriverState",
+    "DriverStatistics",
+    "EnvPool",
+    "EpisodeContext",
+    "GroupSpec",
+    "HarnessPool",
+    "Interrupts",
+    "JsonlRead",
+    "JsonlSink",
+    "Lease",
+    "LeaseState",
+    "LiveProgress",
+    "MalformedLine",
+    "Pool",
+    "PoolState",
+    "PoolStatistics",
+    "QuarantineRecord",
+    "QuarantineReport",
+    "ReapOutcome",
+    "ReapResult",
+    "Reaper",
+    "ResourcesState",
+    "ResourcesStatistics",
+    "RolloutDriver",
+    "SettlingState",
+    "SinkState",
+    "builtin_reapers",
+    "process_remote_id",
+    "read_groups",
+    "read_jsonl",
+    "read_report",
+    "reap_e2b_sandbox",
+    "reap_process",
+    "reap_report",
+    "run",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) or inspect.isfunction(_obj):
+        _obj.__module__ = "plies.runtime"
+del _name, _obj

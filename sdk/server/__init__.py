@@ -1,0 +1,82 @@
+"""The reference policy server: sampling (and training) on one machine, no accelerator needed.
+
+`plies serve MODEL_DIR` runs a transformers causal LM behind the subset of vLLM's HTTP API that
+`plies.policy.VLLMClient` speaks, so the same client code works against this server on a laptop
+and against vLLM or SGLang fleets at scale.
+
+Contract (other parts of plies build on it):
+
+- `create_app(config) -> FastAPI` is the only way to get an app; there is no module-level app.
+  `ServerConfig` holds `model_dir`, `state_dir`, `host`, `port`, the batching knobs
+  (`max_batch_size`, `max_queued`), `max_model_len` and `device`.
+- `plies serve MODEL_DIR [--state-dir DIR] [--host 127.0.0.1] [--port 0]` binds loopback by
+  default, logs to stderr, and prints exactly one JSON line on stdout when ready::
+
+      {"url": "http://127.0.0.1:PORT", "policy": {<PolicyRef>}, "model": "policy-0"}
+
+  `policy` is the current (latest published) policy and `model` its served name.
+- Policy store (`PolicyStore`): published policies are immutable directories
+  `STATE_DIR/policies/<version>/` in Hugging Face format (config, model.safetensors, tokenizer
+  files) plus `policy.json` holding the `PolicyRef` (uri = `file://` URI of that directory,
+  version, digest = `sha256:` + sha256 over the safetensors weight files). Version 0 is a copy of
+  MODEL_DIR. A version is written to a temporary directory and renamed into place, never
+  overwritten. `PolicyStore.publish(model, tokenizer) -> PolicyRef` writes the next version;
+  `PolicyStore.read_ref(path)` reads the `PolicyRef` of a published directory. Reopening a state
+  dir finds what was published; the server then serves the latest version.
+- Served names: version k of the store is served as `served_name(k) == "policy-k"`. A
+  completion request names its policy with `model`; several policies are served at once, so an
+  episode started on version k can finish on k while new episodes start on k + 1. Every
+  completion response carries `plies_policy`, the `PolicyRef` of the weights that produced it,
+  and `/v1/models` lists each served name with its `plies_policy`.
+- Loading and unloading, shaped like vLLM's LoRA endpoints, but taking a *published policy
+  directory* (full weights), not an adapter:
+  `POST /v1/load_lora_adapter {"lora_name": "policy-3", "lora_path": "<published dir>"}` and
+  `POST /v1/unload_lora_adapter {"lora_name": "policy-2"}`. In process, the same operations are
+  `await Engine.load(name, path) -> PolicyRef` and `Engine.unload(name)`.
+- Shared state for routes: `server_state(request) -> ServerState(config, store, engine)`.
+  The training routes live in `_training_routes.py` (another module, written separately) and
+  expose `router: fastapi.APIRouter`; `create_app` includes it. They reach the store and engine
+  through `server_state(request)`.
+- Logprob convention (shared with training): the logprob of each sampled token under the
+  distribution it was sampled from: logits / temperature, then top-k, then top-p (both as
+  masks, then renormalised by the softmax). `processed_logprobs` computes exactly that, so the
+  trainer can compute the same quantity. At temperature 0 (greedy) the logprob is that of the
+  raw logits (as vLLM's `--logprobs-mode processed_logprobs` reports it).
+- `POST /generate` speaks SGLang's native subset (`input_ids`, `return_logprob`) against the
+  most recently loaded policy and reports its version as `meta_info.weight_version`.
+- `GET /plies/stats` returns the engine's counters (forward passes, rows per pass, requests).
+"""
+
+from __future__ import annotations
+
+from ._app import ServerState as ServerState
+from ._app import create_app as create_app
+from ._app import server_state as server_state
+from ._config import ServerConfig as ServerConfig
+from ._engine import Engine as Engine
+from ._engine import EngineStats as EngineStats
+from ._engine import GenerateParams as GenerateParams
+from ._engine import GenerateResult as GenerateResult
+from ._policies import PolicyStore as PolicyStore
+from ._policies import served_name as served_name
+from ._policies import weights_digest as weights_digest
+from ._sampling import processed_logprobs as processed_logprobs
+
+__all__ = [
+    "Engine",
+    "EngineStats",
+    "GenerateParams",
+    "GenerateResult",
+    "PolicyStore",
+    "ServerConfig",
+    "ServerState",
+    "create_app",
+    "processed_logprobs",
+    "served_name",
+    "server_state",
+    "weights_digest",
+]
+
+for _name in __all__:
+    globals()[_name].__module__ = __name__
+del _name

@@ -1,0 +1,106 @@
+"""Reference server throughput against transformers `generate`, measured side by side.
+
+Starts `plies serve` on the tiny model, samples at concurrency 1, 8 and 32 through
+`VLLMClient`, then runs transformers `generate` one request at a time on the same model, the
+same prompts and the same number of new tokens, and prints tokens/s and the ratios.
+
+    python bench/sampler_bench.py [--tokens 64] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import anyio
+import torch
+from transformers import AutoModelForCausalLM
+
+from plies import models
+from plies.policy import SamplingParams, Timeout, VLLMClient
+
+LEVELS = (1, 8, 32)
+
+
+def prompts(n: int) -> list[list[int]]:
+    """Distinct prompts of 12 to 27 tokens (chat-shaped: im_start user ... assistant)."""
+    return [[151644, 872, 198] + [1000 + 37 * i + j for j in range(9 + i % 16)] for i in range(n)]
+
+
+async def server_rate(url: str, model: str, concurrency: int, tokens: int) -> float:
+    batch = prompts(max(concurrency, 4))
+    params = SamplingParams(max_tokens=tokens, temperature=1.0)
+    produced = 0
+    async with VLLMClient(url, model, timeout=Timeout(read=600)) as client:
+        await client.sample(batch[0], SamplingParams(max_tokens=2))  # warm up
+        limiter = anyio.CapacityLimiter(concurrency)
+
+        async def one(p: list[int]) -> None:
+            nonlocal produced
+            async with limiter:
+                n = len((await client.sample(p, params)).ids)
+            produced += n  # not `produced += await ...`: that reads `produced` before awaiting
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for p in batch:
+                tg.start_soon(one, p)
+        return produced / (time.perf_counter() - start)
+
+
+def generate_rate(model_dir, tokens: int, n: int) -> float:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    produced = 0
+    with torch.inference_mode():
+        model.generate(torch.tensor([prompts(1)[0]]), max_new_tokens=2, do_sample=True)
+        start = time.perf_counter()
+        for p in prompts(n):
+            out = model.generate(
+                torch.tensor([p]),
+                max_new_tokens=tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=model.config.pad_token_id,
+            )
+            produced += out.shape[1] - len(p)
+    return produced / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per request")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = models.tiny_model_dir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with tempfile.TemporaryDirectory() as state:
+        cmd = [sys.executable, "-c", "from plies.cli import app; app()", "serve", str(model_dir)]
+        cmd += ["--state-dir", state, "--threads", str(args.threads)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        try:
+            ready = json.loads(proc.stdout.readline())
+            rates = {
+                c: anyio.run(server_rate, ready["url"], ready["model"], c, args.tokens)
+                for c in LEVELS
+            }
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    baseline = generate_rate(model_dir, args.tokens, 4)
+    print(f"tiny Qwen3, {args.tokens} new tokens per request, {args.threads} torch thread(s)")
+    print(f"{'sampler':<34}{'tokens/s':>10}{'vs generate':>14}")
+    print(f"{'transformers generate, one at a time':<34}{baseline:>10.1f}{1.0:>13.2f}x")
+    for c, rate in rates.items():
+        print(f"{f'plies serve, concurrency {c}':<34}{rate:>10.1f}{rate / baseline:>13.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""`GatewayServer`: the gateway's app served by uvicorn on the caller's event loop.
+
+The socket is bound before uvicorn starts, so port 0 works and `url` is known the moment
+the context is entered. Signals stay with the caller: uvicorn would otherwise take SIGINT
+and re-raise it after shutdown, fighting plies' own signal handling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import anyio
+import uvicorn
+from anyio.abc import TaskGroup
+
+from .._exceptions import GatewayError, UsageError
+from ._app import create_app
+from ._gateway import Gateway
+
+__all__ = ["DEFAULT_HOST", "GatewayServer"]
+
+DEFAULT_HOST = "127.0.0.1"
+"""Loopback: a gateway hands out sampling to anyone holding a key, so it is not exposed
+unless asked."""
+_STARTUP_TIMEOUT = 30.0
+_SHUTDOWN_GRACE = 5.0
+
+
+class _Uvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class GatewayServer:
+    """Serve `gateway` over HTTP until the context exits.
+
+    Args:
+        gateway: an opened `Gateway` (enter it first, leave it after).
+        host: bind address; loopback by default.
+        port: 0 picks a free port.
+
+    Example::
+
+        async with Gateway(client, renderer) as gw, GatewayServer(gw) as server:
+            print(server.url)  # http://127.0.0.1:PORT/v1
+    """
+
+    def __init__(self, gateway: Gateway, *, host: str = DEFAULT_HOST, port: int = 0):
+        self.gateway = gateway
+        self.host = host
+        self.port = port
+        self._server: _Uvicorn | None = None
+        self._tg: TaskGroup | None = None
+        self._done = anyio.Event()
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL (ending in /v1), as `OPENAI_BASE_URL` wants it."""
+        if self._server is None:
+            raise UsageError("the server is not running; use `async with GatewayServer(...)`")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    async def __aenter__(self) -> GatewayServer:
+        if self._server is not None or self._closed:
+            raise UsageError("a GatewayServer can be started once")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sock.listen(2048)
+            sock.setblocking(False)
+        except OSError as err:
+            sock.close()
+            raise GatewayError(
+                f"cannot bind the gateway to {self.host}:{self.port}: {err}"
+            ) from err
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            create_app(self.gateway),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(_SHUTDOWN_GRACE),
+        )
+        server = self._server = _Uvicorn(config)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+
+        async def serve() -> None:
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                sock.close()
+                self._done.set()
+
+        self._tg.start_soon(serve)
+        with anyio.move_on_after(_STARTUP_TIMEOUT):
+            while not server.started and not server.should_exit:
+                await anyio.sleep(0.005)
+        if not server.started:
+            await self.aclose()
+            raise GatewayError(f"the gateway did not start on {self.host}:{self.port}")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop serving: in-flight requests get a short grace, then are cut off. Idempotent."""
+        if self._closed or self._tg is None or self._server is None:
+            self._closed = True
+            return
+        self._closed = True
+        server, tg = self._server, self._tg
+        server.should_exit = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_GRACE * 2):
+            await self._done.wait()
+        tg.cancel_scope.cancel()
+        await tg.__aexit__(None, None, None)

@@ -1,0 +1,116 @@
+"""One gateway session: the token state of one episode, named by its bearer key.
+
+A session holds what the gateway served so far, as canonical messages, beside the renderer
+conversation whose tokens produced it. A request that extends the served messages extends
+those tokens; anything else is an edit of history, rendered in full. Turns are appended only
+by `commit`, which runs after the reply was sent, so the trajectory never holds a turn the
+agent did not see.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import anyio
+
+from ..trajectory import Turn
+from ._canonical import CanonicalMessage
+
+__all__ = ["GatewayFallback", "PreparedTurn", "Session", "SessionState"]
+
+
+class SessionState(StrEnum):
+    """Where a session stands. Only an open session serves requests."""
+
+    OPEN = "open"
+    """Its key is valid; turns are recorded."""
+    FINISHED = "finished"
+    """`finish_session` returned its trajectory; the key is refused."""
+    DROPPED = "dropped"
+    """`drop_session` discarded it; the key is refused."""
+
+
+class GatewayFallback(StrEnum):
+    """Why the gateway rendered a prompt in full instead of extending the served tokens.
+
+    The renderer has reasons of its own (a tool set changed, reasoning would be stripped);
+    these are the ones only the gateway can see.
+    """
+
+    HISTORY_EDITED = "history_edited"
+    """The request's messages do not start with the conversation the gateway served."""
+    UNSERVED_ASSISTANT = "unserved_assistant"
+    """New messages include an assistant message the gateway did not sample."""
+    REPLY_NOT_DELIVERED = "reply_not_delivered"
+    """The previous request failed or its client left, so its tokens were not kept."""
+
+
+@dataclass(slots=True)
+class PreparedTurn:
+    """A sampled turn and its reply, waiting to be sent and then committed."""
+
+    turn: Turn
+    reply: dict[str, Any]
+    finish_reason: str
+    prompt_tokens: int
+    served: list[CanonicalMessage]
+    messages: list[dict[str, Any]]
+    conversation: Any
+    tools: list[dict[str, Any]] | None
+
+
+@dataclass(eq=False)
+class Session:
+    """The state of one session. Guarded by `lock`: one turn at a time."""
+
+    key: str
+    task_id: str
+    group_id: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    state: SessionState = SessionState.OPEN
+    turns: list[Turn] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    served: list[CanonicalMessage] = field(default_factory=list)
+    conversation: Any = None
+    tools: list[dict[str, Any]] | None = None
+    lost: GatewayFallback | None = None
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    ill_formed: int = 0
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    in_flight: anyio.CancelScope | None = None
+
+    def commit(self, prepared: PreparedTurn) -> None:
+        """Record a turn whose reply was sent, and keep its tokens for the next prompt."""
+        self.turns.append(prepared.turn)
+        self.messages = [*prepared.messages, prepared.reply]
+        self.served = prepared.served
+        self.conversation = prepared.conversation
+        self.tools = prepared.tools
+        self.lost = None
+        if prepared.turn.fallback is not None:
+            self.fallbacks[prepared.turn.fallback] += 1
+        self.ill_formed += prepared.turn.ill_formed
+
+    def lose_conversation(self) -> None:
+        """Forget the token state after a turn that was not delivered.
+
+        The conversation object may already hold the lost turn's messages and tokens, so it
+        cannot be extended again; the next request renders in full and says why.
+        """
+        if self.conversation is not None or self.turns:
+            self.lost = GatewayFallback.REPLY_NOT_DELIVERED
+        self.conversation = None
+        self.served = []
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {
+            "turns": float(len(self.turns)),
+            "fallbacks": float(sum(self.fallbacks.values())),
+            "ill_formed": float(self.ill_formed),
+        }
+        for reason, n in sorted(self.fallbacks.items()):
+            out[f"fallback.{reason}"] = float(n)
+        return out

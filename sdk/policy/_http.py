@@ -1,0 +1,261 @@
+"""What every HTTP policy backend shares: lifetime, engine choice, retries, error mapping.
+
+Engine choice: with a session key, rendezvous hashing over the engines that are up keeps a
+session on one engine (its prefix cache holds the history) and moves only the sessions of an
+engine that goes down. Without one, the engine with the fewest requests in flight is used.
+
+An engine that refuses a connection is skipped for `RetryPolicy.down_for` seconds, then
+probed with `GET /health` before it gets traffic again.
+
+Errors are translated at this edge, and whether a failure may be retried depends only on
+whether the request provably never reached the engine:
+
+- refused connection, connect timeout, pool timeout, HTTP 503: `PolicyUnavailable`, retried
+  with tenacity (bounded, jittered), on another engine when there is one;
+- read/write timeout, dropped connection, 502/504: `PolicyOutcomeUnknown`, never repeated;
+- other 4xx/5xx answers and malformed bodies: `PolicyResponseError`.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from .._exceptions import (
+    ConfigError,
+    PolicyOutcomeUnknown,
+    PolicyResponseError,
+    PolicyUnavailable,
+    UsageError,
+)
+from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
+
+__all__ = ["HTTPPolicyClient"]
+
+
+class _State(enum.Enum):
+    UNOPENED = 1  # built, no connections yet
+    OPENED = 2  # inside `async with`
+    CLOSED = 3  # closed for good
+
+
+def _normalise(base_urls: str | Sequence[str]) -> list[str]:
+    urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+    if not urls:
+        raise ConfigError("a policy client needs at least one base URL")
+    out = []
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"base URL {url!r} must start with http:// or https://")
+        out.append(url.rstrip("/"))
+    if len(set(out)) != len(out):
+        raise ConfigError(f"duplicate base URLs in {urls}")
+    return out
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500]
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("detail") or err)
+        if body.get("message") or body.get("detail"):
+            return str(body.get("message") or body.get("detail"))
+        return str(err)
+    return str(body)[:500]
+
+
+class HTTPPolicyClient:
+    """Base of the HTTP backends. Use as `async with Client(...) as client:`."""
+
+    _health_path = "/health"
+
+    def __init__(
+        self,
+        base_urls: str | Sequence[str],
+        *,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        headers: dict[str, str] | None = None,
+    ):
+        self.base_urls = _normalise(base_urls)
+        self.timeout = timeout
+        self.retry = retry
+        self._headers = dict(headers or {})
+        self._http: httpx.AsyncClient | None = None
+        self._state = _State.UNOPENED
+        self._down_until: dict[str, float] = {}
+        self._in_flight: dict[str, int] = dict.fromkeys(self.base_urls, 0)
+        self._turn = 0
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def __aenter__(self):
+        if self._state is not _State.UNOPENED:
+            raise UsageError(f"{type(self).__name__} can be opened once; it is {self._state.name}")
+        self._http = httpx.AsyncClient(
+            timeout=self.timeout.to_httpx(),
+            headers=self._headers,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        self._state = _State.OPENED
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    def __enter__(self):
+        raise TypeError(f"use `async with {type(self).__name__}(...) as client:`, not `with`")
+
+    def __exit__(self, *exc_info) -> None:  # pragma: no cover - __enter__ always raises
+        pass
+
+    async def aclose(self) -> None:
+        """Close connections. Safe to call more than once."""
+        self._state = _State.CLOSED
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._state is not _State.OPENED or self._http is None:
+            raise UsageError(
+                f"{type(self).__name__} is {self._state.name}; use it inside `async with`"
+            )
+        return self._http
+
+    # -- engine choice --------------------------------------------------------------------
+
+    async def check_health(self) -> dict[str, bool]:
+        """Probe every engine's health endpoint now; returns url -> healthy."""
+        result: dict[str, bool] = {}
+
+        async def probe(url: str) -> None:
+            result[url] = await self._probe(url)
+
+        async with anyio.create_task_group() as tg:
+            for url in self.base_urls:
+                tg.start_soon(probe, url)
+        return result
+
+    async def _probe(self, url: str) -> bool:
+        try:
+            resp = await self._client().get(url + self._health_path)
+            ok = resp.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            self._down_until.pop(url, None)
+        else:
+            self._mark_down(url)
+        return ok
+
+    def _mark_down(self, url: str) -> None:
+        self._down_until[url] = time.monotonic() + self.retry.down_for
+
+    async def _choose(self, session: str | None) -> str:
+        now = time.monotonic()
+        up = [u for u in self.base_urls if self._down_until.get(u, 0) <= now]
+        # An engine whose down time has passed is probed before it gets traffic.
+        for url in [u for u in up if u in self._down_until]:
+            if not await self._probe(url):
+                up.remove(url)
+        if not up:  # all look down: try the one that has been down longest
+            return min(self.base_urls, key=lambda u: self._down_until.get(u, 0))
+        if session is not None:
+            return max(up, key=lambda u: hashlib.sha256(f"{session}\0{u}".encode()).digest())
+        self._turn += 1
+        return min(
+            up,
+            key=lambda u: (self._in_flight[u], (self.base_urls.index(u) - self._turn) % len(up)),
+        )
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def _post(self, path: str, payload: dict[str, Any], session: str | None) -> Any:
+        """POST `payload` to one engine, retrying only what never reached an engine."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.retry.attempts),
+            wait=wait_random_exponential(
+                multiplier=self.retry.initial_wait, max=self.retry.max_wait
+            ),
+            retry=retry_if_exception_type(PolicyUnavailable),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                url = await self._choose(session)
+                return await self._send(url, path, payload)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    async def _send(
+        self,
+        url: str,
+        path: str,
+        payload: dict[str, Any] | None,
+        *,
+        params: dict[str, str] | None = None,
+        want_json: bool = True,
+        method: str = "POST",
+    ) -> Any:
+        """One request, errors translated; no retry. Returns the JSON body (or the text)."""
+        client = self._client()
+        self._in_flight[url] += 1
+        try:
+            resp = await client.request(method, url + path, json=payload, params=params)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            self._mark_down(url)
+            raise PolicyUnavailable(f"cannot connect to {url}: {e!r}", url=url) from e
+        except httpx.PoolTimeout as e:
+            raise PolicyUnavailable(f"no free connection to {url}: {e!r}", url=url) from e
+        except httpx.TimeoutException as e:
+            raise PolicyOutcomeUnknown(
+                f"{url}{path} gave no answer within the timeout ({type(e).__name__}); "
+                "the request may have run",
+                url=url,
+            ) from e
+        except httpx.TransportError as e:
+            self._mark_down(url)
+            raise PolicyOutcomeUnknown(
+                f"connection to {url} failed mid-request ({type(e).__name__}: {e}); "
+                "the request may have run",
+                url=url,
+            ) from e
+        finally:
+            self._in_flight[url] -= 1
+        status = resp.status_code
+        if status == 503:
+            raise PolicyUnavailable(f"{url} is overloaded (503): {_error_message(resp)}", url=url)
+        if status in (502, 504):
+            raise PolicyOutcomeUnknown(
+                f"{url}{path} answered {status}; the request may have run: {_error_message(resp)}",
+                url=url,
+            )
+        if status >= 400:
+            raise PolicyResponseError(
+                f"{url}{path} answered {status}: {_error_message(resp)}", url=url, status=status
+            )
+        if not want_json:
+            return resp.text
+        try:
+            return resp.json()
+        except ValueError as e:
+            raise PolicyResponseError(
+                f"{url}{path} answered with invalid JSON: {resp.text[:200]!r}", url=url
+            ) from e

@@ -1,0 +1,85 @@
+"""What a policy client takes and returns, and the protocol every backend implements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .._exceptions import PolicyResponseError
+from ..trajectory import FinishReason, PolicyRef
+
+__all__ = ["Completion", "PolicyClient", "SamplingParams"]
+
+
+class SamplingParams(BaseModel):
+    """How to sample one completion.
+
+    Logprobs always follow one convention: the logprob of each sampled token under the
+    distribution it was drawn from, after temperature, top-k and top-p (vLLM's
+    `processed_logprobs`). At temperature 0 the token is the argmax and its logprob is taken
+    from the raw logits.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(ge=1, description="Most tokens to sample.")
+    temperature: float = Field(default=1.0, ge=0.0, description="0 means greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="1.0 disables it.")
+    top_k: int = Field(default=-1, ge=-1, description="-1 or 0 disables it.")
+    seed: int | None = Field(default=None, description="Per-request seed, for reproducibility.")
+    stop_token_ids: tuple[int, ...] = Field(
+        default=(), description="Sampling stops after any of these (kept in the completion)."
+    )
+
+
+class Completion(BaseModel):
+    """One sampled completion, exactly as the engine produced it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ids: list[int] = Field(description="Sampled token ids, stop token included.")
+    logprobs: list[float] = Field(description="One sampler logprob per id.")
+    finish_reason: FinishReason
+    policy: PolicyRef = Field(description="The published policy whose weights sampled it.")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Completion:
+        if len(self.ids) != len(self.logprobs):
+            raise PolicyResponseError(
+                f"{len(self.ids)} token ids but {len(self.logprobs)} logprobs"
+            )
+        return self
+
+
+@runtime_checkable
+class PolicyClient(Protocol):
+    """Samples completions of token-id prompts; tokens in, tokens and logprobs out."""
+
+    async def sample(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        policy: PolicyRef | str | None = None,
+        session: str | None = None,
+    ) -> Completion:
+        """Sample one completion of `prompt_ids`.
+
+        Args:
+            prompt_ids: the exact prompt tokens.
+            params: sampling parameters.
+            policy: which policy samples: a `PolicyRef` or a served name; None is the
+                client's default.
+            session: a key (e.g. the episode id) that keeps requests on one engine, so its
+                prefix cache holds the history.
+
+        Raises:
+            PolicyUnavailable: no engine could be reached, after bounded retries.
+            PolicyOutcomeUnknown: the request may have run; it was not repeated.
+            PolicyResponseError: the engine refused the request or answered unusably.
+        """
+        ...
+
+    async def aclose(self) -> None: ...

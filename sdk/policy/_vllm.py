@@ -1,0 +1,201 @@
+"""The vLLM backend, also the client of the plies reference server (same wire subset).
+
+Which policy produced a completion: the reference server says so in `plies_policy`; vLLM
+does not, so the client tags each answer with the `PolicyRef` it knows is loaded under the
+requested name (`register`, or the publishing helpers in `plies.policy`, keep that map).
+While a helper swaps the weights behind a name, `switching` holds new requests back and
+waits for this client's requests to that name to finish, so no answer can straddle a swap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from .._exceptions import ConfigError, PolicyError, PolicyResponseError
+from ..trajectory import PolicyRef
+from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
+from ._http import HTTPPolicyClient
+from ._types import Completion, SamplingParams
+
+__all__ = ["VLLMClient"]
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VLLMClient(HTTPPolicyClient):
+    """Samples through vLLM's `/v1/completions` with token-id prompts.
+
+    Args:
+        base_urls: one engine URL or several (load-balanced, sticky per session).
+        model: the served name used when `sample` gets no `policy`.
+        policy: the `PolicyRef` loaded under `model`, for engines that do not report it.
+
+    Example:
+        async with VLLMClient("http://127.0.0.1:8000", "policy-0") as client:
+            c = await client.sample(prompt_ids, SamplingParams(max_tokens=64))
+    """
+
+    def __init__(
+        self,
+        base_urls: str | Sequence[str],
+        model: str,
+        *,
+        policy: PolicyRef | None = None,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(base_urls, timeout=timeout, retry=retry, headers=headers)
+        if not model:
+            raise ConfigError("VLLMClient needs the served model name")
+        self.model = model
+        self._refs: dict[str, PolicyRef | None] = {}
+        if policy is not None:
+            self._refs[model] = policy
+        self._busy: dict[str, int] = {}
+        self._gates: dict[str, anyio.Event] = {}
+        self._idle: dict[str, anyio.Event] = {}
+
+    # -- which policy is where ------------------------------------------------------------
+
+    def register(self, name: str, policy: PolicyRef) -> None:
+        """Record that `policy` is served under `name` on every engine of this client."""
+        self._refs[name] = policy
+
+    def forget(self, name: str) -> None:
+        """Drop what is known about `name` (after unloading it)."""
+        self._refs.pop(name, None)
+
+    def served(self) -> dict[str, PolicyRef]:
+        """Served name -> PolicyRef, as far as this client knows."""
+        return {n: r for n, r in self._refs.items() if r is not None}
+
+    async def refresh(self) -> dict[str, PolicyRef]:
+        """Learn served names from `/v1/models` where the engine reports `plies_policy`."""
+        data = await self._get_json("/v1/models")
+        for card in data.get("data", []):
+            ref = card.get("plies_policy")
+            if ref is not None:
+                self._refs[card["id"]] = PolicyRef.model_validate(ref)
+        return self.served()
+
+    async def _get_json(self, path: str) -> Any:
+        return await self._send(await self._choose(None), path, None, method="GET")
+
+    async def _name_of(self, policy: PolicyRef | str | None) -> str:
+        if policy is None:
+            return self.model
+        if isinstance(policy, str):
+            return policy
+        for _ in range(2):
+            for name, ref in self._refs.items():
+                if ref == policy:
+                    return name
+            await self.refresh()
+        raise ConfigError(
+            f"policy version {policy.version} ({policy.uri}) is not served under any name "
+            f"this client knows; known: {sorted(self.served())}"
+        )
+
+    @asynccontextmanager
+    async def switching(self, name: str) -> AsyncIterator[None]:
+        """Hold new requests to `name` and wait for this client's in-flight ones to finish.
+
+        Use around swapping the weights behind `name`, then `register` the new policy inside
+        the block. If the block fails, the weights behind `name` are unknown: requests to it
+        raise `PolicyError` until a policy is registered again.
+        """
+        if name in self._gates:
+            raise ConfigError(f"a switch of {name!r} is already in progress")
+        gate = self._gates[name] = anyio.Event()
+        done = False
+        try:
+            while self._busy.get(name, 0):
+                idle = self._idle.setdefault(name, anyio.Event())
+                await idle.wait()
+            yield
+            done = True
+        finally:
+            if not done:
+                self._refs[name] = None
+            del self._gates[name]
+            gate.set()
+
+    # -- sampling -------------------------------------------------------------------------
+
+    async def sample(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        policy: PolicyRef | str | None = None,
+        session: str | None = None,
+    ) -> Completion:
+        """Sample one completion; see `PolicyClient.sample`."""
+        self._client()
+        name = await self._name_of(policy)
+        while name in self._gates:
+            await self._gates[name].wait()
+        known = self._refs.get(name, ...)
+        if known is None:
+            raise PolicyError(
+                f"the weights behind {name!r} are unknown after a failed switch; "
+                "register the policy that is loaded"
+            )
+        payload = {
+            "model": name,
+            "prompt": list(prompt_ids),
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "stop_token_ids": list(params.stop_token_ids),
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if params.seed is not None:
+            payload["seed"] = params.seed
+        self._busy[name] = self._busy.get(name, 0) + 1
+        try:
+            data = await self._post("/v1/completions", payload, session)
+        finally:
+            self._busy[name] -= 1
+            if not self._busy[name] and name in self._idle:
+                self._idle.pop(name).set()
+        return self._completion(data, name, known if isinstance(known, PolicyRef) else None)
+
+    def _completion(self, data: Any, name: str, known: PolicyRef | None) -> Completion:
+        try:
+            choice = data["choices"][0]
+            ids = [int(t) for t in choice["token_ids"]]
+            lp_block = choice["logprobs"]
+            logprobs = [float(x) for x in lp_block["token_logprobs"]]
+            reason = _FINISH[choice["finish_reason"]]
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise PolicyResponseError(
+                f"completion response lacks token ids, logprobs or finish reason: {e!r}"
+            ) from e
+        if len(ids) != len(logprobs):
+            raise PolicyResponseError(
+                f"completion has {len(ids)} token ids but {len(logprobs)} logprobs"
+            )
+        tokens = lp_block.get("tokens")
+        if tokens is not None and [f"token_id:{t}" for t in ids] != list(tokens):
+            raise PolicyResponseError("logprob tokens do not match the returned token ids")
+        reported = data.get("plies_policy")
+        if reported is not None:
+            policy = PolicyRef.model_validate(reported)
+        elif known is not None:
+            policy = known
+        else:
+            raise PolicyResponseError(
+                f"the engine does not report which policy answered and none is registered "
+                f"for {name!r}; call register({name!r}, policy_ref)"
+            )
+        return Completion(ids=ids, logprobs=logprobs, finish_reason=reason, policy=policy)

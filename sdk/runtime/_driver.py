@@ -1,0 +1,490 @@
+"""`RolloutDriver`: runs episodes in a task group and hands back complete groups.
+
+An episode is a user coroutine, `async def episode(ctx: EpisodeContext) -> Trajectory`. It
+borrows leases through `ctx.borrow(pool)`, samples through `ctx.policy`, records turns with
+`ctx.add_turn` and returns the trajectory (by default `ctx.trajectory`). The driver settles
+every member with a status:
+
+- the episode returned: its own status, `completed` when it set none (or `truncated`);
+- it raised: `failed`, with the error's type and message;
+- it was cancelled and all its leases settled: `cancelled`;
+- it was cancelled and one of its leases was quarantined: `quarantined`.
+
+A group is admitted under the policy current at admission and is complete when every member
+has settled; only complete groups come out of `groups()` and `collect()`, and each is written
+to the sink first. `max_groups_in_flight` bounds groups admitted but not yet handed out, so
+sampling runs at most that far ahead of training; nothing is ever dropped for staleness.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+import anyio
+from anyio import CancelScope, WouldBlock
+from anyio.abc import TaskGroup
+
+from .._exceptions import AdmissionClosed, ConfigError, UsageError
+from ..trajectory import Group, PolicyRef, Status, Trajectory, Turn
+from ._pool import Lease, LeaseState, Pool
+from ._resources import ResourcesStatistics, RolloutResources
+from ._sink import JsonlSink
+
+__all__ = [
+    "DriverState",
+    "DriverStatistics",
+    "EpisodeContext",
+    "GroupSpec",
+    "RolloutDriver",
+]
+
+DEFAULT_MAX_GROUPS_IN_FLIGHT = 8
+
+Episode = Callable[["EpisodeContext"], Awaitable[Trajectory]]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """What to admit: `size` episodes of one task.
+
+    Attributes:
+        task_id: names the task; every member's trajectory carries it.
+        size: members of the group (GRPO samples per prompt).
+        task: anything the episode needs (a prompt, a seed); passed as `ctx.task`.
+        id: the group id; a fresh one when not given.
+    """
+
+    task_id: str
+    size: int = 1
+    task: Any = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ConfigError(f"group size must be at least 1, got {self.size}")
+
+
+class DriverState(StrEnum):
+    UNOPENED = "unopened"
+    ADMITTING = "admitting"
+    """Open and taking groups."""
+    DRAINING = "draining"
+    """Admission closed; episodes in flight run to their end."""
+    CANCELLING = "cancelling"
+    """Episodes in flight were cancelled; they settle or quarantine."""
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class DriverStatistics:
+    """What `poll()` returns: episode and group counts, plus the lease accounting."""
+
+    state: DriverState
+    admitted_groups: int
+    admitted: int
+    """Episodes admitted."""
+    running: int
+    settled: MappingProxyType[Status, int]
+    """Settled episodes by status."""
+    groups_complete: int
+    groups_in_flight: int
+    """Admitted and not yet handed out by `groups()` / `collect()`."""
+    turns: int
+    policy: PolicyRef
+    leases: ResourcesStatistics
+
+    @property
+    def quarantined(self) -> int:
+        """Leases quarantined so far."""
+        return self.leases.quarantined
+
+    @property
+    def settled_total(self) -> int:
+        return sum(self.settled.values())
+
+
+class EpisodeContext:
+    """What an episode gets: its task, the policy, and leases bound to it.
+
+    Attributes:
+        task, task_id, group_id, index: what to play and which member this is.
+        policy_ref: the policy the group was admitted under; pass it to `sample(policy=)`.
+        trajectory: a fresh trajectory with the ids filled in; record turns on it.
+        resources: the `RolloutResources` scope.
+    """
+
+    __slots__ = (
+        "_counted",
+        "_driver",
+        "_leases",
+        "group_id",
+        "index",
+        "policy_ref",
+        "resources",
+        "task",
+        "task_id",
+        "trajectory",
+    )
+
+    def __init__(self, driver: RolloutDriver, spec: GroupSpec, index: int, policy: PolicyRef):
+        self._driver = driver
+        self._leases: list[Lease[Any]] = []
+        self._counted = 0
+        self.resources = driver.resources
+        self.task = spec.task
+        self.task_id = spec.task_id
+        self.group_id = spec.id
+        self.index = index
+        self.policy_ref = policy
+        self.trajectory = Trajectory(task_id=spec.task_id, group_id=spec.id)
+
+    @property
+    def policy(self) -> Any:
+        """The policy client of the resources scope."""
+        return self.resources.policy
+
+    @property
+    def leases(self) -> tuple[Lease[Any], ...]:
+        """Every lease this episode borrowed through `borrow()`."""
+        return tuple(self._leases)
+
+    @asynccontextmanager
+    async def borrow(self, pool: Pool[Any] | str) -> AsyncIterator[Lease[Any]]:
+        """Borrow from a pool (or the pool of that name) on behalf of this episode."""
+        source = self.resources.pool(pool) if isinstance(pool, str) else pool
+        async with source.borrow() as lease:
+            self._leases.append(lease)
+            yield lease
+
+    def add_turn(self, turn: Turn) -> None:
+        """Append a turn to `trajectory` and count it for turns/s."""
+        self.trajectory.turns.append(turn)
+        self._counted += 1
+        self._driver._turns += 1
+
+
+class _GroupState:
+    __slots__ = ("members", "policy", "settled", "spec")
+
+    def __init__(self, spec: GroupSpec, policy: PolicyRef):
+        self.spec = spec
+        self.policy = policy
+        self.members: list[Trajectory | None] = [None] * spec.size
+        self.settled = 0
+
+
+class RolloutDriver:
+    """Runs episodes of admitted groups and yields complete groups.
+
+    Args:
+        resources: the open `RolloutResources` scope episodes borrow from.
+        episode: `async def episode(ctx) -> Trajectory`.
+        policy: the policy current now; `set_policy` moves it forward.
+        max_groups_in_flight: most groups admitted and not yet handed out (None: no bound;
+            use it only when nothing consumes `groups()`, e.g. a sink-only run).
+        sink: where each complete group is written (fsynced) before it is handed out.
+
+    Example::
+
+        async with RolloutDriver(res, episode, policy=ref, sink=sink) as driver:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(admit_all, driver, specs)   # then driver.close_admission()
+                async for group in driver.groups():
+                    train(group)
+    """
+
+    def __init__(
+        self,
+        resources: RolloutResources,
+        episode: Episode,
+        *,
+        policy: PolicyRef,
+        max_groups_in_flight: int | None = DEFAULT_MAX_GROUPS_IN_FLIGHT,
+        sink: JsonlSink | None = None,
+    ):
+        if max_groups_in_flight is not None and max_groups_in_flight < 1:
+            raise ConfigError(
+                f"max_groups_in_flight must be at least 1 or None, got {max_groups_in_flight}"
+            )
+        self.resources = resources
+        self.sink = sink
+        self.max_groups_in_flight = max_groups_in_flight
+        self.state = DriverState.UNOPENED
+        self._episode = episode
+        self._policy = policy
+        self._tg: TaskGroup | None = None
+        self._scopes: set[CancelScope] = set()
+        self._ready: deque[Group] = deque()
+        self._changed = anyio.Event()
+        self._admitted_groups = self._admitted = self._running = self._turns = 0
+        self._groups_complete = self._handed_out = 0
+        self._settled: dict[Status, int] = dict.fromkeys(Status, 0)
+
+    def __repr__(self) -> str:
+        return f"<RolloutDriver {self.state} running={self._running}>"
+
+    # lifetime -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> RolloutDriver:
+        if self.state is not DriverState.UNOPENED:
+            raise UsageError(f"driver is {self.state}; a driver opens once")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self.state = DriverState.ADMITTING
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Drain (or, on an error or cancellation, cancel) what runs, then close."""
+        if exc is None:
+            self.close_admission()
+        else:
+            self.cancel()
+        assert self._tg is not None
+        try:
+            # The body's own exception is not handed to the task group, which would wrap
+            # it in an ExceptionGroup; it propagates unchanged once every episode settled.
+            await self._tg.__aexit__(None, None, None)
+        finally:
+            self.state = DriverState.CLOSED
+            self._wake()
+
+    # policy and admission -------------------------------------------------------------------
+
+    @property
+    def policy(self) -> PolicyRef:
+        """The policy new groups are admitted under."""
+        return self._policy
+
+    def set_policy(self, policy: PolicyRef) -> None:
+        """Admit later groups under `policy`; groups already admitted keep theirs.
+
+        Raises:
+            ConfigError: the version goes backwards.
+        """
+        if policy.version < self._policy.version:
+            raise ConfigError(
+                f"policy version went back from {self._policy.version} to {policy.version}"
+            )
+        self._policy = policy
+
+    @property
+    def admitting(self) -> bool:
+        return self.state is DriverState.ADMITTING
+
+    async def admit(self, spec: GroupSpec) -> Group:
+        """Admit a group once fewer than `max_groups_in_flight` are in flight.
+
+        Returns:
+            The (empty) `Group`, bound to the current policy.
+
+        Raises:
+            AdmissionClosed: the driver was stopped, before or while waiting.
+        """
+        while True:
+            try:
+                return self.admit_nowait(spec)
+            except WouldBlock:
+                event = self._changed
+                await event.wait()
+
+    def admit_nowait(self, spec: GroupSpec) -> Group:
+        """Admit a group now.
+
+        Raises:
+            WouldBlock: `max_groups_in_flight` groups are in flight.
+            AdmissionClosed: the driver was stopped.
+        """
+        if self.state is DriverState.UNOPENED:
+            raise UsageError("admit inside `async with RolloutDriver(...)`")
+        if self.state is not DriverState.ADMITTING:
+            raise AdmissionClosed(f"the driver is {self.state}; it takes no more groups")
+        if (
+            self.max_groups_in_flight is not None
+            and self._admitted_groups - self._handed_out >= self.max_groups_in_flight
+        ):
+            raise WouldBlock
+        assert self._tg is not None
+        state = _GroupState(spec, self._policy)
+        self._admitted_groups += 1
+        self._admitted += spec.size
+        self._running += spec.size
+        for index in range(spec.size):
+            ctx = EpisodeContext(self, spec, index, state.policy)
+            self._tg.start_soon(self._run, state, ctx, name=f"episode {spec.id}/{index}")
+        self._wake()
+        return Group(id=spec.id, task_id=spec.task_id, size=spec.size, policy=state.policy)
+
+    # stopping ---------------------------------------------------------------------------------
+
+    def close_admission(self) -> None:
+        """Take no more groups; episodes in flight run to their end."""
+        if self.state is DriverState.ADMITTING:
+            self.state = DriverState.DRAINING
+            self._wake()
+
+    async def stop(self) -> None:
+        """Close admission and wait until every admitted episode has settled."""
+        self.close_admission()
+        await self.wait_drained()
+
+    async def wait_drained(self) -> None:
+        """Wait until no episode runs."""
+        while self._running:
+            event = self._changed
+            await event.wait()
+
+    def cancel(self) -> None:
+        """Close admission and cancel every episode in flight.
+
+        Each one's remote operations get their pool's `settle_timeout`; episodes settle as
+        `cancelled`, or `quarantined` when a lease could not be settled.
+        """
+        self.close_admission()
+        if self.state in (DriverState.ADMITTING, DriverState.DRAINING):
+            self.state = DriverState.CANCELLING
+        for scope in self._scopes:
+            scope.cancel()
+        self._wake()
+
+    def abort(self) -> None:
+        """Cancel every episode and cut off every remote operation now (no settling)."""
+        self.resources.abort()
+        self.cancel()
+
+    # episodes ---------------------------------------------------------------------------------
+
+    async def _run(self, state: _GroupState, ctx: EpisodeContext) -> None:
+        result: Trajectory | None = None
+        error: Exception | None = None
+        scope = CancelScope()
+        self._scopes.add(scope)
+        try:
+            with scope:
+                if self.state is DriverState.CANCELLING:
+                    scope.cancel()
+                try:
+                    result = await self._episode(ctx)
+                except Exception as exc:
+                    error = exc
+                else:
+                    if not isinstance(result, Trajectory):
+                        error = UsageError(
+                            f"the episode returned {type(result).__name__}, not a Trajectory"
+                        )
+                        result = None
+        finally:
+            self._scopes.discard(scope)
+            self._settle(state, ctx, result, error)
+
+    def _settle(
+        self,
+        state: _GroupState,
+        ctx: EpisodeContext,
+        result: Trajectory | None,
+        error: Exception | None,
+    ) -> None:
+        quarantined = [lease for lease in ctx._leases if lease.state is LeaseState.QUARANTINED]
+        traj = result if result is not None else ctx.trajectory
+        traj.task_id = ctx.task_id
+        traj.group_id = ctx.group_id
+        if result is not None:
+            if traj.status is None:
+                traj.status = Status.COMPLETED
+        elif error is not None:
+            traj.status = Status.FAILED
+            kind = type(error)
+            traj.error = f"{kind.__module__}.{kind.__qualname__}: {error}"
+        else:
+            traj.status = Status.QUARANTINED if quarantined else Status.CANCELLED
+        if quarantined:
+            traj.info["quarantined_leases"] = [
+                {
+                    "lease": lease.id,
+                    "kind": lease.kind,
+                    "remote_id": lease.remote_id,
+                    "reason": lease.reason,
+                }
+                for lease in quarantined
+            ]
+        self._turns += len(traj.turns) - ctx._counted
+        self._settled[traj.status] += 1
+        self._running -= 1
+        state.members[ctx.index] = traj
+        state.settled += 1
+        if state.settled == state.spec.size:
+            spec = state.spec
+            group = Group(
+                id=spec.id,
+                task_id=spec.task_id,
+                size=spec.size,
+                policy=state.policy,
+                trajectories=[t for t in state.members if t is not None],
+            )
+            if self.sink is not None:
+                self.sink.write_group(group)
+            self._ready.append(group)
+            self._groups_complete += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # results ----------------------------------------------------------------------------------
+
+    def collect(self) -> list[Group]:
+        """Hand out every complete group not yet handed out."""
+        groups = list(self._ready)
+        self._ready.clear()
+        self._handed_out += len(groups)
+        if groups:
+            self._wake()
+        return groups
+
+    async def groups(self) -> AsyncIterator[Group]:
+        """Yield complete groups as they complete.
+
+        Ends once admission is closed and every admitted group has been handed out.
+        """
+        while True:
+            while self._ready:
+                group = self._ready.popleft()
+                self._handed_out += 1
+                self._wake()
+                yield group
+            if (
+                self.state is not DriverState.ADMITTING
+                and self._handed_out == self._admitted_groups
+            ):
+                return
+            if self.state is DriverState.UNOPENED:
+                raise UsageError("iterate groups() inside `async with RolloutDriver(...)`")
+            event = self._changed
+            await event.wait()
+
+    def poll(self) -> DriverStatistics:
+        """Counts now: admitted, running, settled by status, lease accounting."""
+        return DriverStatistics(
+            state=self.state,
+            admitted_groups=self._admitted_groups,
+            admitted=self._admitted,
+            running=self._running,
+            settled=MappingProxyType(dict(self._settled)),
+            groups_complete=self._groups_complete,
+            groups_in_flight=self._admitted_groups - self._handed_out,
+            turns=self._turns,
+            policy=self._policy,
+            leases=self.resources.statistics(),
+        )

@@ -1,0 +1,201 @@
+"""Tear down what a quarantine report says may still exist, after the run that made it.
+
+A reaper is `async def reaper(remote_id) -> bool`: True when it tore the resource down, False
+when the resource was already gone; it raises when it could not tell. Reapers are keyed by
+resource kind and passed in explicitly; `builtin_reapers()` builds the ones plies knows:
+
+- "process": a local process group, by the id `process_remote_id(pid)` recorded;
+- "e2b": an E2B sandbox, by sandbox id (`e2b.AsyncSandbox.kill`; needs `E2B_API_KEY`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import anyio
+
+from .._exceptions import ConfigError
+from ._report import read_report, write_report
+
+__all__ = [
+    "ReapOutcome",
+    "ReapResult",
+    "Reaper",
+    "builtin_reapers",
+    "process_remote_id",
+    "reap_e2b_sandbox",
+    "reap_process",
+    "reap_report",
+]
+
+Reaper = Callable[[str], Awaitable[bool]]
+
+DEFAULT_REAP_TIMEOUT = 30.0
+TERM_GRACE_S = 2.0
+
+
+class ReapOutcome(StrEnum):
+    KILLED = "killed"
+    """The reaper tore it down."""
+    GONE = "gone"
+    """It no longer existed."""
+    FAILED = "failed"
+    """The reaper raised or timed out; it may still exist."""
+    SKIPPED = "skipped"
+    """No reaper for its kind, or no remote id: tear it down by hand."""
+    PLANNED = "planned"
+    """A dry run: a reaper would be tried."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReapResult:
+    lease_id: str
+    kind: str
+    remote_id: str | None
+    outcome: ReapOutcome
+    detail: str = ""
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), to detect pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may hold spaces, so split after its ')'.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def process_remote_id(pid: int) -> str:
+    """The remote id of a local process group led by `pid`: "pid" or "pid@starttime".
+
+    The start time, where /proc has it, lets `reap_process` refuse a recycled pid.
+    """
+    start = _start_time(pid)
+    return f"{pid}@{start}" if start else str(pid)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def reap_process(remote_id: str) -> bool:
+    """SIGTERM the process group, then SIGKILL it after a grace period.
+
+    Raises:
+        ConfigError: the id is not "pid" or "pid@starttime".
+    """
+    pid_text, _, start = remote_id.partition("@")
+    try:
+        pgid = int(pid_text)
+    except ValueError:
+        raise ConfigError(f"process remote id {remote_id!r} is not 'pid[@starttime]'") from None
+    if pgid <= 1:
+        raise ConfigError(f"refusing to signal process group {pgid}")
+    if start and (now := _start_time(pgid)) is not None and now != start:
+        return False  # the pid was recycled: the process recorded is gone
+    if not _group_alive(pgid):
+        return False
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + TERM_GRACE_S
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return True
+        await anyio.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    return True
+
+
+async def reap_e2b_sandbox(remote_id: str) -> bool:
+    """Kill an E2B sandbox by id; False when E2B says it was not found."""
+    from e2b import AsyncSandbox
+
+    return bool(await AsyncSandbox.kill(remote_id))
+
+
+def builtin_reapers() -> dict[str, Reaper]:
+    """The reapers plies ships, keyed by resource kind. A new dict each call."""
+    return {"process": reap_process, "e2b": reap_e2b_sandbox}
+
+
+async def reap_report(
+    path: Path | str,
+    reapers: Mapping[str, Reaper],
+    *,
+    dry_run: bool = False,
+    timeout: float = DEFAULT_REAP_TIMEOUT,
+) -> list[ReapResult]:
+    """Try each reaper on what the report at `path` says may still exist.
+
+    Entries torn down are marked in the report (rewritten atomically), so a second run skips
+    them. Returns one result per entry that may still exist.
+    """
+    path = Path(path)
+    report = read_report(path)
+    results: list[ReapResult] = []
+    entries = list(report.entries)
+    for i, entry in enumerate(entries):
+        if not entry.may_exist:
+            continue
+        reaper = reapers.get(entry.kind)
+        if entry.remote_id is None or reaper is None:
+            why = "no remote id recorded" if entry.remote_id is None else "no reaper for kind"
+            results.append(
+                ReapResult(entry.lease_id, entry.kind, entry.remote_id, ReapOutcome.SKIPPED, why)
+            )
+            continue
+        if dry_run:
+            results.append(
+                ReapResult(entry.lease_id, entry.kind, entry.remote_id, ReapOutcome.PLANNED)
+            )
+            continue
+        try:
+            with anyio.fail_after(timeout):
+                killed = await reaper(entry.remote_id)
+        except Exception as exc:
+            detail = f"timed out after {timeout:g}s" if isinstance(exc, TimeoutError) else repr(exc)
+            results.append(
+                ReapResult(entry.lease_id, entry.kind, entry.remote_id, ReapOutcome.FAILED, detail)
+            )
+            continue
+        outcome = ReapOutcome.KILLED if killed else ReapOutcome.GONE
+        results.append(ReapResult(entry.lease_id, entry.kind, entry.remote_id, outcome))
+        entries[i] = entry.model_copy(update={"torn_down": True, "reaped_at": time.time()})
+    if not dry_run and entries != report.entries:
+        write_report(path, report.model_copy(update={"entries": entries}))
+    return results
+
+
+def reap_command(path: Path, *, dry_run: bool, timeout: float) -> int:
+    """The body of `plies reap REPORT`: one line per entry; exit 0 when nothing is left."""
+    try:
+        results = anyio.run(
+            lambda: reap_report(path, builtin_reapers(), dry_run=dry_run, timeout=timeout)
+        )
+    except ConfigError as exc:
+        print(f"plies reap: {exc}", file=sys.stderr)
+        return 2
+    for r in results:
+        detail = f" ({r.detail})" if r.detail else ""
+        print(f"{r.outcome.value:8} {r.kind} {r.remote_id} [{r.lease_id}]{detail}")
+    left = [r for r in results if r.outcome in (ReapOutcome.FAILED, ReapOutcome.SKIPPED)]
+    print(f"{len(results)} entries may have existed; {len(left)} may still exist")
+    return 1 if left else 0

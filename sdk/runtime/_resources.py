@@ -1,0 +1,205 @@
+"""`RolloutResources`: the scope that owns the policy client's pools and the quarantine report.
+
+Everything an episode borrows comes from here, so leaving the scope is the one place where
+the run accounts for all of it: pools stop lending, quarantined resources get a last chance
+to be torn down, and the report of what may still exist remotely is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .._exceptions import ConfigError, UsageError
+from ._pool import Pool, PoolStatistics
+from ._report import QuarantineRecord, QuarantineReport, write_report
+
+__all__ = ["ResourcesState", "ResourcesStatistics", "RolloutResources"]
+
+DEFAULT_EXIT_GRACE = 10.0
+
+log = logging.getLogger("plies.runtime")
+
+
+class ResourcesState(StrEnum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcesStatistics:
+    """Lease accounting over every pool. At rest `borrowed == released + quarantined`."""
+
+    borrowed: int
+    live: int
+    released: int
+    quarantined: int
+    may_exist: int
+    pools: tuple[PoolStatistics, ...]
+
+    @property
+    def balanced(self) -> bool:
+        """Every lease ever lent is live, released or quarantined."""
+        return self.borrowed == self.live + self.released + self.quarantined
+
+
+class RolloutResources:
+    """Holds the policy client and the pools episodes borrow from.
+
+    The policy client is held, not owned: open and close it yourself (its lifetime usually
+    spans several scopes). Pools are owned: they open with the scope and close with it.
+
+    Args:
+        policy: the policy client episodes sample from (`ctx.policy`).
+        pools: the pools; names must be unique. `EnvPool` is named "env" and
+            `HarnessPool` "harness" unless given another name.
+        report_path: where the quarantine report goes. It is rewritten whenever a resource
+            is quarantined and once more at exit. None: no file; records are logged.
+        run_id: names the run in the report.
+        exit_grace: seconds at exit for background teardowns of quarantined resources.
+
+    Example::
+
+        async with RolloutResources(policy=client, pools=[EnvPool(make_env)],
+                                    report_path=run_dir / "quarantine.json") as res:
+            async with res.env.borrow() as lease:
+                ...
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: Any = None,
+        pools: Iterable[Pool[Any]] = (),
+        report_path: Path | str | None = None,
+        run_id: str | None = None,
+        exit_grace: float = DEFAULT_EXIT_GRACE,
+    ):
+        self.policy = policy
+        self.pools: dict[str, Pool[Any]] = {}
+        for pool in pools:
+            if pool.name in self.pools:
+                raise ConfigError(f"two pools are named {pool.name!r}; pass name= to one")
+            self.pools[pool.name] = pool
+        self.report_path = Path(report_path) if report_path is not None else None
+        self.run_id = run_id or uuid.uuid4().hex
+        self.exit_grace = exit_grace
+        self.state = ResourcesState.UNOPENED
+        self.aborting = False
+
+    def __repr__(self) -> str:
+        return f"<RolloutResources {self.run_id} pools={list(self.pools)} {self.state}>"
+
+    def __enter__(self) -> None:
+        raise TypeError("RolloutResources is async: use `async with RolloutResources(...)`")
+
+    def __exit__(self, *exc: object) -> None:  # pragma: no cover - __enter__ always raises
+        raise TypeError("RolloutResources is async: use `async with RolloutResources(...)`")
+
+    @property
+    def env(self) -> Pool[Any]:
+        """The pool named "env"."""
+        return self.pool("env")
+
+    @property
+    def harness(self) -> Pool[Any]:
+        """The pool named "harness"."""
+        return self.pool("harness")
+
+    def pool(self, name: str) -> Pool[Any]:
+        try:
+            return self.pools[name]
+        except KeyError:
+            raise ConfigError(f"no pool named {name!r}; pools: {sorted(self.pools)}") from None
+
+    async def __aenter__(self) -> RolloutResources:
+        if self.state is not ResourcesState.UNOPENED:
+            raise UsageError(f"RolloutResources is {self.state}; a scope opens once")
+        if self.report_path is not None and not self.report_path.parent.is_dir():
+            raise ConfigError(f"report directory {self.report_path.parent} does not exist")
+        opened: list[Pool[Any]] = []
+        try:
+            for pool in self.pools.values():
+                pool._on_change = self._write_report
+                await pool.__aenter__()
+                opened.append(pool)
+        except Exception:
+            await self._close_pools(opened)
+            raise
+        self.state = ResourcesState.OPEN
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every pool (background teardowns get `exit_grace`), then write the report.
+
+        Idempotent. The report is written even when this is cancelled.
+        """
+        if self.state is ResourcesState.CLOSED:
+            return
+        self.state = ResourcesState.CLOSED
+        try:
+            await self._close_pools(list(self.pools.values()))
+        finally:
+            self._write_report(final=True)
+
+    async def _close_pools(self, pools: list[Pool[Any]]) -> None:
+        # Pools close in reverse order of opening; each one even if the one before raised.
+        if not pools:
+            return
+        try:
+            await pools[-1].aclose(grace=0 if self.aborting else self.exit_grace)
+        finally:
+            await self._close_pools(pools[:-1])
+
+    def abort(self) -> None:
+        """Cut off every operation now; returns quarantine what they held (reason "aborted")."""
+        self.aborting = True
+        for pool in self.pools.values():
+            pool.abort()
+
+    def quarantined(self) -> list[QuarantineRecord]:
+        """Every quarantine record of every pool."""
+        return [r for pool in self.pools.values() for r in pool.quarantined()]
+
+    def report(self, *, complete: bool = False) -> QuarantineReport:
+        return QuarantineReport(run_id=self.run_id, complete=complete, entries=self.quarantined())
+
+    def statistics(self) -> ResourcesStatistics:
+        pools = tuple(p.statistics() for p in self.pools.values())
+        return ResourcesStatistics(
+            borrowed=sum(p.borrowed for p in pools),
+            live=sum(p.live for p in pools),
+            released=sum(p.released for p in pools),
+            quarantined=sum(p.quarantined for p in pools),
+            may_exist=sum(p.may_exist for p in pools),
+            pools=pools,
+        )
+
+    def _write_report(self, *, final: bool = False) -> None:
+        report = self.report(complete=final)
+        if self.report_path is not None:
+            write_report(self.report_path, report)
+        elif final and report.may_exist:
+            for entry in report.may_exist:
+                log.warning(
+                    "quarantined %s %s (pool %s): %s",
+                    entry.kind,
+                    entry.remote_id,
+                    entry.pool,
+                    entry.reason,
+                )

@@ -1,0 +1,159 @@
+"""Ctrl-C in three steps, for scripts that run rollouts.
+
+`run(main)` runs `main(interrupts)` under anyio and turns SIGINT into steps applied to the
+drivers attached with `interrupts.attach(driver)`:
+
+1. stop admitting and drain: episodes in flight finish, their groups are written;
+2. cancel episodes in flight: remote operations get `settle_timeout` to settle, otherwise
+   their leases are quarantined;
+3. abort now: every operation is cut off, what is left is quarantined, and `main` is
+   cancelled; `RolloutResources` still writes its quarantine report on the way out.
+
+Each step prints one line on stderr. An interrupted run exits with 130 and no traceback.
+When `run` returns, SIGINT is ignored: it is meant to wrap a script's whole main, and an
+interrupt while the process exits has nothing left to stop.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import IO, Any
+
+import anyio
+from anyio import CancelScope
+
+from ._driver import DriverState, RolloutDriver
+
+__all__ = ["EXIT_INTERRUPTED", "Interrupts", "run"]
+
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, what shells report for a run stopped by Ctrl-C."""
+
+
+class Interrupts:
+    """Counts interrupts and applies each step to the attached drivers.
+
+    Attributes:
+        count: interrupts received so far.
+    """
+
+    def __init__(self, *, stream: IO[str] | None = None):
+        self.count = 0
+        self._stream = stream
+        self._drivers: list[RolloutDriver] = []
+        self._main: CancelScope | None = None
+
+    def attach(self, driver: RolloutDriver) -> RolloutDriver:
+        """Apply interrupts to `driver`, including any received before it was attached."""
+        self._drivers.append(driver)
+        if self.count >= 3:
+            driver.abort()
+        elif self.count == 2:
+            driver.cancel()
+        elif self.count == 1:
+            driver.close_admission()
+        return driver
+
+    def _say(self, line: str) -> None:
+        stream = self._stream or sys.stderr
+        print(f"plies: {line}", file=stream, flush=True)
+
+    def interrupt(self) -> None:
+        """Take the next step, as if SIGINT had arrived."""
+        self.count += 1
+        drivers = [d for d in self._drivers if d.state is not DriverState.CLOSED]
+        running = sum(d.poll().running for d in drivers)
+        if not drivers and self._main is not None:
+            self._say("interrupted; stopping")
+            self._main.cancel()
+            return
+        if self.count == 1:
+            self._say(
+                f"interrupt: admission stopped; draining {running} running episodes "
+                "(Ctrl-C again to cancel them)"
+            )
+            for driver in drivers:
+                driver.close_admission()
+        elif self.count == 2:
+            self._say(
+                f"second interrupt: cancelling {running} episodes; remote operations may "
+                "settle, or are quarantined (Ctrl-C again to abort)"
+            )
+            for driver in drivers:
+                driver.cancel()
+        elif self.count == 3:
+            self._say("third interrupt: aborting now; the quarantine report lists what is left")
+            for driver in drivers:
+                driver.abort()
+            if self._main is not None:
+                self._main.cancel()
+        else:
+            self._say("already aborting; waiting for the quarantine report to be written")
+
+
+def run(
+    main: Callable[[Interrupts], Awaitable[Any]],
+    *,
+    backend: str = "asyncio",
+    stream: IO[str] | None = None,
+) -> int:
+    """Run `main(interrupts)` with three-step Ctrl-C handling; return the exit code.
+
+    Returns:
+        0 when `main` returned without an interrupt, 130 after any interrupt.
+
+    Example::
+
+        async def main(interrupts):
+            async with RolloutResources(...) as res, RolloutDriver(res, ep, policy=ref) as d:
+                interrupts.attach(d)
+                ...
+
+        if __name__ == "__main__":
+            raise SystemExit(plies.runtime.run(main))
+    """
+    interrupts = Interrupts(stream=stream)
+
+    async def wrapper() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(_started, interrupts)
+            with CancelScope() as scope:
+                interrupts._main = scope
+                try:
+                    await main(interrupts)
+                except Exception as exc:
+                    if not interrupts.count:
+                        raise
+                    interrupts._say(f"stopped with {type(exc).__name__}: {exc}")
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(wrapper, backend=backend)
+    except KeyboardInterrupt:
+        # SIGINT while the loop was starting, before the receiver was installed.
+        interrupts.count += 1
+        interrupts._say("interrupted while starting")
+    finally:
+        # The process is about to exit. Interpreter shutdown resets Python-level handlers
+        # to the default, which would let a late Ctrl-C kill it with -SIGINT instead of 130.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return EXIT_INTERRUPTED if interrupts.count else 0
+
+
+def _late_interrupt(interrupts: Interrupts) -> None:
+    interrupts.count += 1
+    interrupts._say("interrupt received while finishing; nothing left to stop")
+
+
+async def _started(interrupts: Interrupts, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    try:
+        with anyio.open_signal_receiver(signal.SIGINT) as signals:
+            task_status.started()
+            async for _ in signals:
+                interrupts.interrupt()
+    finally:
+        # Closing the receiver restores the default handler (KeyboardInterrupt anywhere);
+        # from here to the process's end an interrupt has nothing left to stop.
+        signal.signal(signal.SIGINT, lambda *_: _late_interrupt(interrupts))

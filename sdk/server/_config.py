@@ -1,0 +1,40 @@
+"""Configuration of the reference server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ._trainer import TrainerConfig
+
+__all__ = ["ServerConfig"]
+
+
+class ServerConfig(BaseModel):
+    """Everything `create_app` needs; `plies serve` fills it from its options."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_dir: Path = Field(description="Hugging Face model directory; becomes policy version 0.")
+    state_dir: Path = Field(description="Where published policies live (STATE_DIR/policies/).")
+    host: str = Field(default="127.0.0.1", description="Bind address; loopback by default.")
+    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port.")
+    max_batch_size: int = Field(
+        default=32, ge=1, description="Most sequences decoded together in one forward pass."
+    )
+    max_queued: int = Field(
+        default=1024,
+        ge=1,
+        description="Requests waiting or running past which new ones get 503 (overload).",
+    )
+    max_model_len: int = Field(
+        default=4096, ge=2, description="Prompt plus completion tokens allowed per request."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="auto: cuda when available, else cpu."
+    )
+    trainer: TrainerConfig = Field(
+        default_factory=TrainerConfig, description="Knobs of the training routes."
+    )

@@ -1,0 +1,110 @@
+"""Token sampling and the logprob convention shared by sampling and training.
+
+The logprob of a sampled token is taken under the distribution it was actually drawn from:
+
+1. logits / temperature;
+2. top-k: every logit below the k-th largest becomes -inf (ties at the k-th value are kept);
+3. top-p: sorted by probability, every token whose strictly-higher-ranked mass is already
+   >= top_p becomes -inf (so the smallest head with mass >= top_p survives, at least one);
+4. log_softmax of what is left.
+
+This is what vLLM reports with `--logprobs-mode processed_logprobs`. At temperature 0 the
+token is the argmax and its logprob is the log_softmax of the raw logits, as vLLM reports it.
+A trainer computing importance ratios must use `processed_logprobs` with the same parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["CHUNK_ROWS", "RowParams", "processed_logprobs", "sample_rows"]
+
+
+class RowParams:
+    """Sampling parameters of one batch row; `generator` is per request when it has a seed."""
+
+    __slots__ = ("generator", "temperature", "top_k", "top_p")
+
+    def __init__(
+        self, temperature: float, top_k: int, top_p: float, generator: torch.Generator | None
+    ):
+        self.temperature = temperature
+        self.top_k = top_k
+        self.top_p = top_p
+        self.generator = generator
+
+
+def processed_logprobs(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0
+) -> torch.Tensor:
+    """Log-probabilities of the distribution a token is sampled from, over the last dim.
+
+    Args:
+        logits: raw logits, shape (..., vocab), any float dtype (computed in float32).
+        temperature: 0 means greedy; the raw distribution is returned then.
+        top_k: keep the k largest logits; -1 or 0 disables it.
+        top_p: keep the smallest head of mass >= top_p; 1.0 disables it.
+    """
+    x = logits.float()
+    if temperature <= 0:
+        return torch.log_softmax(x, dim=-1)
+    x = x / temperature
+    if 0 < top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        above = torch.cumsum(probs, dim=-1) - probs
+        drop = above >= top_p
+        drop[..., 0] = False
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.empty_like(x).scatter_(-1, order, sorted_x)
+    return torch.log_softmax(x, dim=-1)
+
+
+CHUNK_ROWS = 8
+"""Rows sampled together: 8 rows of vocabulary-wide float32 temporaries (about 5 MB each)
+stay in cache, where a whole batch of 32 would not (measured: 4.9 ms for 8 rows, 67 ms for
+32 at once)."""
+
+
+def sample_rows(
+    logits: torch.Tensor, rows: Sequence[RowParams], generator: torch.Generator
+) -> tuple[list[int], list[float]]:
+    """Sample one token per row of `logits` (B, vocab) and return ids and their logprobs.
+
+    Rows with a seed draw from their own generator, so a seeded request gives the same tokens
+    whatever else shares its batch; the others share `generator`, which the engine owns.
+    Sampling is by inverse CDF with one uniform draw per row (`torch.multinomial` over
+    151,936 entries costs ten times more on CPU).
+    """
+    ids: list[int] = []
+    lps: list[float] = []
+    for start in range(0, len(rows), CHUNK_ROWS):
+        chunk = rows[start : start + CHUNK_ROWS]
+        i, lp = _sample_chunk(logits[start : start + len(chunk)].float(), chunk, generator)
+        ids += i
+        lps += lp
+    return ids, lps
+
+
+def _sample_chunk(
+    x: torch.Tensor, rows: Sequence[RowParams], generator: torch.Generator
+) -> tuple[list[int], list[float]]:
+    logp = torch.empty_like(x)
+    for i, row in enumerate(rows):
+        if row.temperature > 0 and (0 < row.top_k < x.shape[-1] or row.top_p < 1.0):
+            logp[i] = processed_logprobs(x[i], row.temperature, row.top_k, row.top_p)
+        else:
+            scaled = x[i] / row.temperature if row.temperature > 0 else x[i]
+            torch.log_softmax(scaled, -1, out=logp[i])
+    cdf = torch.exp(logp).cumsum_(dim=-1)
+    draws = torch.stack([torch.rand((), generator=r.generator or generator) for r in rows])
+    targets = (draws.to(x.device) * cdf[:, -1])[:, None]
+    sampled = torch.searchsorted(cdf, targets, right=True)[:, 0].clamp(max=x.shape[-1] - 1)
+    greedy = torch.tensor([r.temperature <= 0 for r in rows], device=x.device)
+    ids = torch.where(greedy, torch.argmax(logp, dim=-1), sampled)
+    return ids.tolist(), logp.gather(-1, ids[:, None])[:, 0].tolist()

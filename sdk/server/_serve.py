@@ -1,0 +1,91 @@
+"""`plies serve`: run the reference server and announce it with one JSON line on stdout."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import anyio
+from pydantic import ValidationError
+
+from .._exceptions import ConfigError
+from ._app import create_app
+from ._config import ServerConfig
+from ._policies import served_name, weights_digest
+
+__all__ = ["serve"]
+
+log = logging.getLogger("plies.server")
+
+
+def serve(config: ServerConfig | None = None, *, threads: int | None = None, **options) -> int:
+    """Run the server until SIGINT/SIGTERM; return the exit code.
+
+    Without a `state_dir` the published policies go to a temporary directory that is removed
+    at exit. Logs go to stderr; stdout carries only the ready line.
+    """
+    import torch
+
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s"
+    )
+    if threads:
+        torch.set_num_threads(threads)
+    scratch = None
+    try:
+        if config is None:
+            config = ServerConfig(**{**options, "state_dir": options.get("state_dir") or "."})
+        weights_digest(config.model_dir)  # fail before binding a port, with a clear message
+    except (ValidationError, ConfigError) as e:
+        log.error("cannot serve: %s", e)
+        return 2
+    if "state_dir" in options and options["state_dir"] is None:
+        scratch = Path(tempfile.mkdtemp(prefix="plies-serve-"))
+        config = config.model_copy(update={"state_dir": scratch})
+        log.info("no --state-dir: publishing to %s, removed at exit", scratch)
+    try:
+        return anyio.run(_run, config)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def _run(config: ServerConfig) -> int:
+    import uvicorn
+
+    app = create_app(config)
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        )
+    )
+    async with anyio.create_task_group() as tg:
+
+        async def run_server() -> None:
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                tg.cancel_scope.cancel()
+
+        tg.start_soon(run_server)
+        while not server.started:
+            await anyio.sleep(0.02)
+        ref = app.state.plies.store.latest()
+        url_host = f"[{host}]" if ":" in host else host
+        line = {
+            "url": f"http://{url_host}:{port}",
+            "policy": ref.model_dump(mode="json"),
+            "model": served_name(ref.version),
+        }
+        print(json.dumps(line), flush=True)
+        log.info("ready at %s serving %s", line["url"], line["model"])
+    return 0 if server.started else 1

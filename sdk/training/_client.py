@@ -1,0 +1,435 @@
+"""`TrainingClient`: drive a remote trainer so that every step applies exactly once.
+
+Each call carries an operation id (generated, or given for scripts that resume). Outcomes:
+
+- answered: the result, or a typed error (`TrainingGradientsLost`, `ConfigError`);
+- never reached the server (connection refused): sent again, with the same id, until
+  `reconcile_timeout`;
+- unknown (the connection dropped or timed out mid-request, or a 5xx): the client asks the
+  server `GET /v1/training/ops/{op_id}`. An applied op's original result comes back; an op
+  the server never applied is sent again with the same id (the server deduplicates, so even
+  a race with a late first copy applies once); if the server cannot be asked before
+  `reconcile_timeout`, the session is quarantined: every later call raises
+  `TrainingQuarantined` until `reconcile()` succeeds. Nothing is ever replayed blind.
+
+The client remembers the forward_backward ops whose gradients wait for the next
+`optim_step` and names them in it, so the server never steps on partial gradients.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import anyio
+import httpx
+from pydantic import BaseModel, ValidationError
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from .._exceptions import (
+    ConfigError,
+    TrainingError,
+    TrainingGradientsLost,
+    TrainingQuarantined,
+    UsageError,
+)
+from ..policy import VLLMClient, load_lora_adapter, policy_path, reload_weights
+from ..trajectory import PolicyRef
+from ._wire import (
+    AdamParams,
+    ErrorCode,
+    ForwardBackwardRequest,
+    ForwardBackwardResult,
+    LossName,
+    OpRecord,
+    OpStatus,
+    OptimStepRequest,
+    OptimStepResult,
+    SavePolicyRequest,
+    SavePolicyResult,
+    TrainerState,
+    TrainingBatch,
+    check_op_id,
+)
+
+__all__ = ["PolicyLoader", "TrainingClient"]
+
+R = TypeVar("R", bound=BaseModel)
+
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Transport errors raised before any byte of the request left: the server saw nothing."""
+
+
+@runtime_checkable
+class PolicyLoader(Protocol):
+    """A sampler that can load a published policy itself (e.g. a vLLM publish cycle)."""
+
+    async def load_policy(self, policy: PolicyRef) -> Any: ...
+
+
+class _State(enum.Enum):
+    UNOPENED = 1
+    OPENED = 2
+    CLOSED = 3
+
+
+class _Unreachable(Exception):
+    """The server could not be asked; internal to reconciliation."""
+
+
+def _error_body(resp: httpx.Response) -> dict[str, Any]:
+    try:
+        body = resp.json()
+    except ValueError:
+        return {"message": resp.text[:500]}
+    err = body.get("error", body) if isinstance(body, dict) else body
+    return err if isinstance(err, dict) else {"message": str(err)}
+
+
+class TrainingClient:
+    """Async client of a plies trainer (`plies serve`). Use as `async with`.
+
+    Args:
+        base_url: the server, e.g. the `url` of `plies serve`'s ready line.
+        timeout: seconds a request may take (a large forward_backward on CPU is slow).
+        reconcile_timeout: seconds to keep asking the server about an op whose outcome is
+            unknown (or to keep resending one that never arrived) before giving up.
+
+    Example:
+        async with TrainingClient(url) as trainer:
+            await trainer.forward_backward(batch, loss="ppo")
+            await trainer.optim_step(AdamParams(lr=1e-4))
+            policy = await trainer.save_policy()
+            await trainer.publish(policy, [url])
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 600.0,
+        reconcile_timeout: float = 60.0,
+        headers: dict[str, str] | None = None,
+    ):
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"base URL {base_url!r} must start with http:// or https://")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.reconcile_timeout = reconcile_timeout
+        self._headers = dict(headers or {})
+        self._http: httpx.AsyncClient | None = None
+        self._state = _State.UNOPENED
+        self._pending: list[str] = []
+        self._quarantine: tuple[str, str] | None = None  # (op_id, why)
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> TrainingClient:
+        if self._state is not _State.UNOPENED:
+            raise UsageError(f"TrainingClient can be opened once; it is {self._state.name}")
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(self.timeout, connect=5.0),
+            headers=self._headers,
+        )
+        self._state = _State.OPENED
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    def __enter__(self):
+        raise TypeError("use `async with TrainingClient(...) as trainer:`, not `with`")
+
+    def __exit__(self, *exc_info) -> None:  # pragma: no cover - __enter__ always raises
+        pass
+
+    async def aclose(self) -> None:
+        """Close connections. Safe to call more than once."""
+        self._state = _State.CLOSED
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    @property
+    def pending_ops(self) -> list[str]:
+        """forward_backward ops whose gradients the next `optim_step` will apply."""
+        return list(self._pending)
+
+    @property
+    def quarantined(self) -> str | None:
+        """Why the session refuses further steps, or None."""
+        return None if self._quarantine is None else self._quarantine[1]
+
+    # -- operations -----------------------------------------------------------------------
+
+    async def forward_backward(
+        self,
+        batch: TrainingBatch,
+        *,
+        loss: LossName = "importance_sampling",
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        op_id: str | None = None,
+    ) -> ForwardBackwardResult:
+        """Add the gradients of `batch` under `loss` to the step being accumulated.
+
+        Raises:
+            TrainingGradientsLost: the trainer lost this step's gradients (restart or
+                failure); redo the step's forward_backward calls.
+            TrainingQuarantined: the outcome could not be reconciled.
+            ConfigError: the server refused the request as invalid.
+        """
+        req = ForwardBackwardRequest(
+            op_id=self._op_id(op_id, "fb"),
+            batch=batch,
+            loss=loss,
+            clip_low=clip_low,
+            clip_high=clip_high,
+        )
+        result = await self._submit("/v1/training/forward_backward", req, ForwardBackwardResult)
+        if result.op_id not in self._pending:
+            self._pending.append(result.op_id)
+        return result
+
+    async def optim_step(self, adam: AdamParams, *, op_id: str | None = None) -> OptimStepResult:
+        """Apply the accumulated gradients with AdamW; exactly the ops in `pending_ops`."""
+        req = OptimStepRequest(
+            op_id=self._op_id(op_id, "step"), adam=adam, forward_backward_ops=self._pending
+        )
+        result = await self._submit("/v1/training/optim_step", req, OptimStepResult)
+        self._pending = []
+        return result
+
+    async def save_policy(self, *, op_id: str | None = None) -> PolicyRef:
+        """Publish the current weights as a new immutable policy and return its `PolicyRef`."""
+        req = SavePolicyRequest(op_id=self._op_id(op_id, "save"))
+        return (await self._submit("/v1/training/save_policy", req, SavePolicyResult)).policy
+
+    async def publish(
+        self,
+        policy: PolicyRef,
+        samplers: Sequence[str | VLLMClient | PolicyLoader],
+        *,
+        name: str | None = None,
+        reload: bool = False,
+    ) -> None:
+        """Make `policy` servable on each sampler, under `name` (default `policy-<version>`).
+
+        - a string is the base URL of a plies reference server: its `/v1/load_lora_adapter`
+          loads the published directory, and the digest it reports is checked;
+        - a `VLLMClient` (vLLM, or a reference server sampled through it) goes through
+          `plies.policy`'s publish cycle, which also records the name -> policy map the client
+          tags completions with: `load_lora_adapter` serves it next to older policies, or with
+          `reload=True`, `reload_weights` swaps the weights behind `name` (default: the
+          client's model) in place;
+        - anything else is a `PolicyLoader` and loads the policy itself.
+
+        Publishing a policy a sampler already serves is harmless, so a failed publish may be
+        repeated.
+
+        Raises:
+            TrainingError: a reference server refused or reported other weights.
+            PolicyError: a vLLM publish cycle failed.
+        """
+        self._client()
+        served = name or f"policy-{policy.version}"
+        for sampler in samplers:
+            if isinstance(sampler, VLLMClient):
+                if reload:
+                    await reload_weights(sampler, policy, name=name)
+                    continue
+                if sampler.served().get(served) != policy:
+                    await sampler.refresh()  # it may already serve it (an earlier publish)
+                if sampler.served().get(served) != policy:
+                    await load_lora_adapter(
+                        sampler, served, policy, replace=served in sampler.served()
+                    )
+            elif isinstance(sampler, str):
+                await self._load_on_reference_server(sampler, served, policy)
+            elif isinstance(sampler, PolicyLoader):
+                await sampler.load_policy(policy)
+            else:
+                raise ConfigError(f"cannot publish to {sampler!r}: not a URL, VLLMClient or loader")
+
+    async def _load_on_reference_server(self, url: str, served: str, policy: PolicyRef) -> None:
+        body = {"lora_name": served, "lora_path": str(policy_path(policy)), "load_inplace": True}
+        try:
+            resp = await self._client().post(f"{url.rstrip('/')}/v1/load_lora_adapter", json=body)
+        except httpx.TransportError as exc:
+            raise TrainingError(f"could not publish {served} to {url}: {exc!r}") from exc
+        if resp.status_code != 200:
+            msg = _error_body(resp).get("message")
+            raise TrainingError(f"{url} refused to load {served}: {msg}")
+        loaded = resp.json().get("plies_policy") or {}
+        if loaded.get("digest") != policy.digest:
+            raise TrainingError(
+                f"{url} loaded {served} with digest {loaded.get('digest')}, "
+                f"expected {policy.digest}"
+            )
+
+    async def op(self, op_id: str) -> OpRecord | None:
+        """The server's record of an op, or None when it never applied it."""
+        resp = await self._get(f"/v1/training/ops/{check_op_id(op_id)}")
+        if resp.status_code == 404:
+            return None
+        return self._parse(resp, OpRecord)
+
+    async def state(self) -> TrainerState:
+        """The trainer's step, generation and accumulated ops."""
+        return self._parse(await self._get("/v1/training/state"), TrainerState)
+
+    async def reconcile(self) -> OpRecord | None:
+        """Ask again about the op that quarantined the session; lift the quarantine if answered.
+
+        Returns the op's record (None: it was never applied). The caller decides what to do
+        next; the client never resends it on its own.
+
+        Raises:
+            TrainingQuarantined: the server still cannot be asked.
+        """
+        if self._quarantine is None:
+            raise UsageError("the session is not quarantined")
+        op_id, why = self._quarantine
+        try:
+            resp = await self._get(f"/v1/training/ops/{op_id}")
+        except TrainingError as exc:
+            raise TrainingQuarantined(f"{why}; asking again failed: {exc}") from exc
+        if resp.status_code >= 500:
+            raise TrainingQuarantined(f"{why}; asking again got HTTP {resp.status_code}")
+        self._quarantine = None
+        return None if resp.status_code == 404 else self._parse(resp, OpRecord)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._state is not _State.OPENED or self._http is None:
+            raise UsageError(f"TrainingClient is {self._state.name}; use it inside `async with`")
+        return self._http
+
+    def _op_id(self, op_id: str | None, kind: str) -> str:
+        if self._quarantine is not None:
+            raise TrainingQuarantined(
+                f"training session quarantined: {self._quarantine[1]}; call reconcile() once "
+                "the trainer is reachable, then decide how to continue"
+            )
+        self._client()
+        return check_op_id(op_id) if op_id is not None else f"{kind}-{uuid.uuid4().hex}"
+
+    async def _get(self, path: str) -> httpx.Response:
+        try:
+            return await self._client().get(path)
+        except httpx.TransportError as exc:
+            raise TrainingError(f"could not reach the trainer at {self.base_url}: {exc!r}") from exc
+
+    def _parse(self, resp: httpx.Response, model: type[R]) -> R:
+        if resp.status_code != 200:
+            self._raise_for(resp)
+        try:
+            return model.model_validate(resp.json())
+        except (ValueError, ValidationError) as exc:
+            raise TrainingError(f"unexpected answer from the trainer: {exc}") from exc
+
+    def _raise_for(self, resp: httpx.Response) -> None:
+        err = _error_body(resp)
+        message = str(err.get("message") or err)
+        code = err.get("code")
+        if code == ErrorCode.GRADIENTS_LOST:
+            self._pending = []
+            raise TrainingGradientsLost(message, op_ids=err.get("op_ids") or [])
+        if code == ErrorCode.OP_CONFLICT or resp.status_code in (400, 422):
+            raise ConfigError(message)
+        raise TrainingError(f"trainer answered HTTP {resp.status_code}: {message}")
+
+    def _quarantine_session(self, op_id: str, why: str) -> TrainingQuarantined:
+        self._quarantine = (op_id, why)
+        return TrainingQuarantined(
+            f"training session quarantined: {why}. It refuses further steps; call reconcile() "
+            "once the trainer is reachable"
+        )
+
+    async def _submit(self, path: str, req: BaseModel, model: type[R]) -> R:
+        """Send `req` until its outcome is known; see the module docstring."""
+        op_id = req.op_id
+        payload = req.model_dump(mode="json")
+        deadline = time.monotonic() + self.reconcile_timeout
+        unknown = False
+        delay = 0.1
+        while True:
+            try:
+                resp = await self._client().post(path, json=payload)
+            except _NEVER_SENT as exc:
+                if time.monotonic() < deadline:
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                if unknown:
+                    raise self._quarantine_session(
+                        op_id, f"{op_id} may have been applied and {self.base_url} is unreachable"
+                    ) from exc
+                raise TrainingError(
+                    f"the trainer at {self.base_url} is unreachable; {op_id} was not applied"
+                ) from exc
+            except httpx.TransportError as exc:
+                record = await self._reconcile(op_id, deadline, exc)
+            else:
+                if resp.status_code < 500:
+                    return self._parse(resp, model)
+                if _error_body(resp).get("code") == ErrorCode.TRAINER_BROKEN:
+                    raise self._quarantine_session(
+                        op_id, f"the trainer is broken ({_error_body(resp).get('message')})"
+                    )
+                record = await self._reconcile(op_id, deadline, None)
+            if record is None:
+                unknown = True  # never applied: sending it again with the same id is safe
+                continue
+            if record.status is OpStatus.LOST:
+                self._pending = []
+                raise TrainingGradientsLost(
+                    f"{op_id} was applied but the trainer lost its gradients (it restarted); "
+                    "redo this step's forward_backward calls with new op ids",
+                    op_ids=[op_id],
+                )
+            return model.model_validate(record.result)
+
+    async def _reconcile(
+        self, op_id: str, deadline: float, cause: Exception | None
+    ) -> OpRecord | None:
+        """Ask the server what became of `op_id`, retrying until `deadline`."""
+        retrying = AsyncRetrying(
+            stop=stop_after_delay(max(0.0, deadline - time.monotonic())),
+            wait=wait_random_exponential(multiplier=0.1, max=2.0),
+            retry=retry_if_exception_type(_Unreachable),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._ask(op_id)
+        except _Unreachable as exc:
+            raise self._quarantine_session(
+                op_id,
+                f"the outcome of {op_id} is unknown ({cause!r}) and the trainer at "
+                f"{self.base_url} could not be asked within {self.reconcile_timeout:g}s "
+                f"(last: {exc})",
+            ) from exc
+        raise AssertionError("unreachable: tenacity either returns or reraises")
+
+    async def _ask(self, op_id: str) -> OpRecord | None:
+        try:
+            resp = await self._client().get(f"/v1/training/ops/{op_id}")
+        except httpx.TransportError as exc:
+            raise _Unreachable(repr(exc)) from exc
+        if resp.status_code == 404 and _error_body(resp).get("code") == ErrorCode.UNKNOWN_OP:
+            return None
+        if resp.status_code == 200:
+            return self._parse(resp, OpRecord)
+        raise _Unreachable(f"HTTP {resp.status_code}: {_error_body(resp).get('message')}")

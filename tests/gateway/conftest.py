@@ -1,0 +1,188 @@
+"""Gateway fixtures: a recording engine in front of the reference policy server.
+
+The reference server comes from the `policy_server` fixture of tests/conftest.py. The
+recording engine is a real HTTP server speaking the vLLM completions subset. It
+forwards each request to the reference server and records the exact answer, unless a test
+queued a scripted completion: the tiny model writes random text, so tool-call answers are
+scripted with the chat template's own tokens. Either way, tests compare the gateway's
+trajectory against exactly what the engine answered.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from plies.gateway import Gateway, GatewayServer
+from plies.policy import SamplingParams, VLLMClient
+from plies.tokens import ChatRenderer
+
+PLIES = str(Path(sys.executable).with_name("plies"))
+SCRIPTED_POLICY = {"uri": "file:///scripted-engine", "version": 0, "digest": ""}
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "hit",
+            "description": "Take another card.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "bet",
+            "description": "Raise the bet.",
+            "parameters": {
+                "type": "object",
+                "properties": {"amount": {"type": "integer"}},
+                "required": ["amount"],
+            },
+        },
+    },
+]
+
+
+def read_ready_line(proc: subprocess.Popen) -> dict[str, Any]:
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(timeout=10)
+        raise RuntimeError(f"server exited with {proc.returncode} before its ready line")
+    return json.loads(line)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Engine:
+    """What the recording engine answered, and the completions queued for it to script."""
+
+    url: str = ""
+    script: deque[tuple[list[int], str, float]] = field(default_factory=deque)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    answers: list[dict[str, Any]] = field(default_factory=list)
+
+    def queue(self, ids: list[int], finish: str = "stop", delay: float = 0.0) -> None:
+        self.script.append((ids, finish, delay))
+
+    def sampled(self, k: int) -> tuple[list[int], list[float]]:
+        choice = self.answers[k]["choices"][0]
+        return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+@asynccontextmanager
+async def serve_app(app: Any) -> AsyncIterator[str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: server.serve(sockets=[sock]))
+        while not server.started:
+            await anyio.sleep(0.01)
+        try:
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        finally:
+            server.should_exit = True
+
+
+@asynccontextmanager
+async def recording_engine(upstream: str) -> AsyncIterator[Engine]:
+    engine = Engine()
+    async with httpx.AsyncClient(base_url=upstream, timeout=120) as client:
+
+        async def completions(request: Request) -> JSONResponse:
+            body = await request.json()
+            engine.requests.append(body)
+            if engine.script:
+                ids, finish, delay = engine.script.popleft()
+                await anyio.sleep(delay)
+                answer = {
+                    "choices": [
+                        {
+                            "token_ids": ids,
+                            "finish_reason": finish,
+                            "logprobs": {
+                                "token_logprobs": [-0.01 * (i + 1) for i in range(len(ids))]
+                            },
+                        }
+                    ],
+                    "plies_policy": SCRIPTED_POLICY,
+                }
+            else:
+                resp = await client.post("/v1/completions", json=body)
+                resp.raise_for_status()
+                answer = resp.json()
+            engine.answers.append(answer)
+            return JSONResponse(answer)
+
+        app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+        async with serve_app(app) as url:
+            engine.url = url
+            yield engine
+
+
+@dataclass
+class Stack:
+    engine: Engine
+    gateway: Gateway
+    url: str
+    tokenizer: Any
+    server: GatewayServer
+    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
+
+    def client(self, key: str, **options: Any) -> openai.AsyncOpenAI:
+        """An official openai client for `key`, closed with the stack."""
+        client = openai.AsyncOpenAI(base_url=self.url, api_key=key, max_retries=0, **options)
+        self.clients.append(client)
+        return client
+
+
+@asynccontextmanager
+async def gateway_stack(
+    policy_server: Any, tokenizer: Any, *, max_tokens: int = 12
+) -> AsyncIterator[Stack]:
+    """Recording engine -> VLLMClient -> Gateway -> uvicorn, all on 127.0.0.1."""
+    async with (
+        recording_engine(policy_server.url) as engine,
+        VLLMClient(engine.url, policy_server.model) as client,
+        Gateway(
+            client,
+            ChatRenderer(tokenizer),
+            sampling=SamplingParams(max_tokens=max_tokens, seed=0),
+            settle_timeout=5.0,
+        ) as gateway,
+        GatewayServer(gateway) as server,
+    ):
+        stack = Stack(engine, gateway, server.url, tokenizer, server)
+        try:
+            yield stack
+        finally:
+            for client in stack.clients:
+                await client.close()

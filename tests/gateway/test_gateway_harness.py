@@ -1,0 +1,66 @@
+"""`GatewayHarness` with the example agent: exact turns, env rewards, cleanup on every path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import gateway_stack
+from test_gateway_http import assert_recorded_exactly, call_ids
+
+from plies import Status
+from plies.environments import BlackjackEnv, Task
+from plies.harness import GatewayHarness
+
+pytestmark = pytest.mark.anyio
+
+AGENT = [sys.executable, str(Path(__file__).parents[2] / "examples" / "gateway_agent.py"), "agent"]
+
+
+async def test_example_agent_plays_blackjack_through_the_gateway(policy_server, qwen3_tokenizer):
+    task = Task(id="hand-7", seed=7)
+    async with BlackjackEnv() as reference:  # the same hand, played directly
+        await reference.reset(task)
+        await reference.call_tool("hit", {})
+        expected = (await reference.call_tool("stand", {})) if not reference.done else None
+
+    async with gateway_stack(policy_server, qwen3_tokenizer) as stack:
+        stack.engine.queue(call_ids(qwen3_tokenizer, "hit", "{}"))
+        stack.engine.queue(call_ids(qwen3_tokenizer, "stand", "{}"))
+        harness = GatewayHarness(stack.server, AGENT, wall_s=60)
+        async with BlackjackEnv() as env:
+            trajectory = await harness.run(env, task, group_id="g")
+        assert stack.gateway.open_sessions == 0
+
+    assert trajectory.status is Status.COMPLETED and trajectory.group_id == "g"
+    assert trajectory.info["env_done"] is True
+    played = trajectory.info["tool_calls"]
+    assert played == (2 if expected is not None else 1)
+    assert trajectory.reward == (expected.reward if expected is not None else trajectory.reward)
+    assert_recorded_exactly(trajectory, stack.engine)
+    assert [t.extends for t in trajectory.turns] == [False, True][: len(trajectory.turns)]
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "error"),
+    [
+        ("import sys; sys.stderr.write('boom'); sys.exit(3)", Status.FAILED, "exited with 3"),
+        ("import time; time.sleep(600)", Status.TRUNCATED, "wall_s"),
+        ("print('not json', flush=True); input()", Status.FAILED, "JSONDecodeError"),
+    ],
+    ids=["crash", "hang", "garbage"],
+)
+async def test_failing_agents_settle_and_are_killed(
+    policy_server, qwen3_tokenizer, code, status, error
+):
+    async with gateway_stack(policy_server, qwen3_tokenizer) as stack:
+        harness = GatewayHarness(
+            stack.server, [sys.executable, "-c", code], wall_s=3, kill_timeout=1
+        )
+        async with BlackjackEnv() as env:
+            trajectory = await harness.run(env, Task(id="bad", seed=1))
+        assert stack.gateway.open_sessions == 0
+    assert trajectory.status is status
+    assert error in trajectory.error
+    assert trajectory.turns == []

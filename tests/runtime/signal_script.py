@@ -1,0 +1,126 @@
+"""A rollout script for the signal tests: a driver against real servers, under `run`.
+
+    python signal_script.py RUN_DIR POLICY_URL SEED [MAX_TASKS]
+
+Episodes borrow an op-server process each (a real child process, in its own process group),
+sample from POLICY_URL (a stand-in policy server) and run remote steps of random length on
+their process. Events go to stdout as JSON lines: spawn / torn_down (pid), ready, group
+(after the sink wrote it), and stats at the very end.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import anyio
+import httpx
+from runtime_helpers import OpProcess, spawn_op_server
+
+from plies import AdmissionClosed, PolicyRef, Turn
+from plies.runtime import (
+    EnvPool,
+    GroupSpec,
+    JsonlSink,
+    RolloutDriver,
+    RolloutResources,
+    read_groups,
+    run,
+)
+
+REF = PolicyRef(uri="plies://signals/policies/0", version=0)
+
+
+def emit(event: str, **fields) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+async def main(interrupts, run_dir: Path, policy_url: str, seed: int, max_tasks: int) -> None:
+    rng = random.Random(seed)
+    sink_path = run_dir / "groups.jsonl"
+    done = {g.task_id for g in read_groups(sink_path).records}
+
+    async def create() -> OpProcess:
+        return await spawn_op_server(on_spawn=lambda pid: emit("spawn", pid=pid))
+
+    async def teardown(proc: OpProcess) -> None:
+        await proc.aclose()
+        emit("torn_down", pid=proc.pid)
+
+    pool = EnvPool(
+        create,
+        teardown=teardown,
+        kind="process",
+        limit=8,
+        settle_timeout=0.5,
+        teardown_timeout=3,
+        teardown_retries=2,
+        retry_backoff=0.1,
+    )
+    resources = RolloutResources(
+        policy=policy_url, pools=[pool], report_path=run_dir / "quarantine.json", exit_grace=2
+    )
+
+    async def episode(ctx):
+        async with ctx.borrow("env") as lease:
+            for k in range(ctx.task["turns"]):
+                r = await http.get(f"{ctx.policy}/sample", params={"s": 0.02, "n": 3})
+                body = r.raise_for_status().json()
+                ctx.add_turn(
+                    Turn(
+                        prompt_ids=[7, k],
+                        extends=k > 0,
+                        completion_ids=body["ids"],
+                        logprobs=body["logprobs"],
+                        finish_reason="stop",
+                        policy=ctx.policy_ref,
+                    )
+                )
+                async with lease.operation("step"):
+                    await http.get(f"{lease.resource.url}/op", params={"s": ctx.task["step_s"][k]})
+        return ctx.trajectory
+
+    async def admit_all(driver: RolloutDriver) -> None:
+        for i in range(max_tasks):
+            task_id = f"task{i}"
+            if task_id in done:
+                continue
+            turns = rng.randint(1, 3)
+            task = {"turns": turns, "step_s": [rng.uniform(0.05, 1.2) for _ in range(turns)]}
+            try:
+                await driver.admit(GroupSpec(task_id, size=2, task=task))
+            except AdmissionClosed:
+                return
+        driver.close_admission()
+
+    try:
+        async with httpx.AsyncClient(timeout=30) as http, resources:
+            with JsonlSink(sink_path) as sink:
+                async with RolloutDriver(
+                    resources, episode, policy=REF, max_groups_in_flight=4, sink=sink
+                ) as driver:
+                    interrupts.attach(driver)
+                    emit("ready", resumed=len(done))
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(admit_all, driver)
+                        async for group in driver.groups():
+                            emit("group", id=group.id, task_id=group.task_id)
+    finally:
+        s = resources.statistics()
+        emit(
+            "stats",
+            borrowed=s.borrowed,
+            released=s.released,
+            quarantined=s.quarantined,
+            live=s.live,
+        )
+
+
+if __name__ == "__main__":
+    run_dir, policy_url, seed = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    max_tasks = int(sys.argv[4]) if len(sys.argv) > 4 else 100_000
+    raise SystemExit(run(lambda interrupts: main(interrupts, run_dir, policy_url, seed, max_tasks)))

@@ -1,0 +1,134 @@
+"""Pacing, admission, sinks and the live display, in process."""
+
+from __future__ import annotations
+
+import io
+
+import anyio
+import pytest
+from anyio import WouldBlock
+from rich.console import Console
+
+from plies import AdmissionClosed, ConfigError, PolicyRef, Status
+from plies.runtime import (
+    EnvPool,
+    GroupSpec,
+    JsonlSink,
+    LiveProgress,
+    RolloutDriver,
+    RolloutResources,
+    read_groups,
+)
+
+REF = PolicyRef(uri="plies://test/policies/0", version=0)
+
+
+class Thing:
+    async def aclose(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
+
+async def make() -> Thing:
+    return Thing()
+
+
+async def quick(ctx):
+    async with ctx.borrow("env"):
+        await anyio.sleep(0.01)
+    return ctx.trajectory
+
+
+@pytest.mark.anyio
+async def test_pacing_bounds_groups_in_flight_and_nothing_is_dropped(tmp_path):
+    sink_path = tmp_path / "groups.jsonl"
+    async with RolloutResources(pools=[EnvPool(make)]) as res:
+        with JsonlSink(sink_path) as sink:
+            async with RolloutDriver(
+                res, quick, policy=REF, max_groups_in_flight=2, sink=sink
+            ) as driver:
+                await driver.admit(GroupSpec("a", size=2))
+                await driver.admit(GroupSpec("b", size=2))
+                with pytest.raises(WouldBlock):
+                    driver.admit_nowait(GroupSpec("c"))
+                await driver.wait_drained()
+                # Complete but not handed out: still in flight for pacing.
+                assert driver.poll().groups_in_flight == 2
+                with pytest.raises(WouldBlock):
+                    driver.admit_nowait(GroupSpec("c"))
+                first = driver.collect()
+                assert {g.task_id for g in first} == {"a", "b"}
+                driver.set_policy(REF.model_copy(update={"version": 1}))
+                late = await driver.admit(GroupSpec("c"))
+                assert late.policy.version == 1
+                with pytest.raises(ConfigError):
+                    driver.set_policy(REF)
+                await driver.stop()
+                with pytest.raises(AdmissionClosed):
+                    await driver.admit(GroupSpec("d"))
+                rest = [g async for g in driver.groups()]
+                stats = driver.poll()
+    assert [g.task_id for g in rest] == ["c"] and rest[0].policy.version == 1
+    assert stats.settled[Status.COMPLETED] == 5 and stats.groups_in_flight == 0
+    assert stats.leases.borrowed == stats.leases.released == 5
+    read = read_groups(sink_path)
+    assert read.clean and sorted(g.task_id for g in read.records) == ["a", "b", "c"]
+
+
+@pytest.mark.anyio
+async def test_admission_waiting_for_capacity_wakes_up_when_stopped():
+    async with (
+        RolloutResources(pools=[EnvPool(make)]) as res,
+        RolloutDriver(res, quick, policy=REF, max_groups_in_flight=1) as driver,
+    ):
+        await driver.admit(GroupSpec("a"))
+        async with anyio.create_task_group() as tg:
+
+            async def blocked():
+                with pytest.raises(AdmissionClosed):
+                    await driver.admit(GroupSpec("b"))
+
+            tg.start_soon(blocked)
+            await anyio.sleep(0.05)
+            driver.close_admission()
+        assert [g.task_id for g in driver.collect()] == ["a"]
+
+
+def test_sink_ends_a_torn_tail_and_the_reader_reports_every_bad_line(tmp_path):
+    path = tmp_path / "g.jsonl"
+    path.write_bytes(b'{"not": "a group"}\n\n{"id": "x", "tas')
+    with JsonlSink(path) as sink:
+        assert sink.repaired_tail
+        sink.write({"id": "y"})
+    read = read_groups(path)
+    assert read.records == []
+    assert [(m.line, m.torn) for m in read.malformed] == [
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, False),
+    ]
+    assert read.malformed[1].error == "empty line"
+    assert read.malformed[2].preview == '{"id": "x", "tas'
+    path.write_bytes(b'{"id": "x", "tas')
+    (torn,) = read_groups(path).malformed
+    assert torn.torn and torn.offset == 0
+
+
+@pytest.mark.anyio
+async def test_live_progress_draws_on_a_terminal_only():
+    async with (
+        RolloutResources(pools=[EnvPool(make)]) as res,
+        RolloutDriver(res, quick, policy=REF) as driver,
+    ):
+        out = io.StringIO()
+        term = Console(file=out, force_terminal=True, color_system=None, width=200)
+        async with LiveProgress(driver, console=term, refresh_s=0.02) as progress:
+            assert progress.enabled
+            await driver.admit(GroupSpec("a", size=3))
+            await driver.wait_drained()
+            await anyio.sleep(0.1)
+        assert "admitted 3 | running 0 | settled 3 (completed=3)" in out.getvalue()
+        pipe = io.StringIO()
+        async with LiveProgress(driver, console=Console(file=pipe)) as progress:
+            assert not progress.enabled
+        assert pipe.getvalue() == ""

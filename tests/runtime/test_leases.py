@@ -1,0 +1,256 @@
+"""Leases on real local processes: settle, quarantine, hanging teardowns, the report, reap."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server
+
+from plies import LeaseError, PolicyRef, Status, Trajectory, UsageError
+from plies.runtime import (
+    EnvPool,
+    GroupSpec,
+    LeaseState,
+    Pool,
+    RolloutDriver,
+    RolloutResources,
+    read_report,
+)
+
+pytestmark = pytest.mark.anyio
+
+PLIES = str(Path(sys.executable).with_name("plies"))
+REF = PolicyRef(uri="plies://test/policies/0", version=0)
+
+
+async def test_cancel_in_flight_operation_settles_or_quarantines(tmp_path):
+    """Cancelled mid-operation: released if the operation settles in time, else quarantined."""
+    report_path = tmp_path / "quarantine.json"
+    spawned: dict[str, OpProcess] = {}
+    pool = EnvPool(spawn_op_server, kind="process", settle_timeout=1.0, retry_backoff=0.05)
+
+    async def episode(ctx):
+        async with ctx.borrow("env") as lease, httpx.AsyncClient() as http:
+            spawned[ctx.task_id] = lease.resource
+            async with lease.operation("step"):
+                r = await http.get(f"{lease.resource.url}/op", params={"s": ctx.task})
+                r.raise_for_status()
+            return ctx.trajectory
+
+    try:
+        async with RolloutResources(pools=[pool], report_path=report_path) as res:
+            async with RolloutDriver(res, episode, policy=REF) as driver:
+                await driver.admit(GroupSpec("quick", task=0.6))
+                await driver.admit(GroupSpec("slow", task=30))
+                with anyio.fail_after(20):
+                    while len(spawned) < 2 or driver.poll().leases.live < 2:
+                        await anyio.sleep(0.02)
+                await anyio.sleep(0.2)  # both operations are in flight now
+                driver.cancel()
+                groups = [g async for g in driver.groups()]
+                stats = driver.poll()
+            by_task = {g.task_id: g.trajectories[0] for g in groups}
+            assert by_task["quick"].status is Status.CANCELLED
+            assert by_task["slow"].status is Status.QUARANTINED
+            assert by_task["slow"].info["quarantined_leases"][0]["remote_id"] == (
+                spawned["slow"].remote_id
+            )
+            assert stats.settled[Status.CANCELLED] == 1
+            assert stats.settled[Status.QUARANTINED] == 1
+            assert stats.quarantined == 1
+            assert stats.leases.released == 1
+            assert stats.leases.borrowed == stats.leases.released + stats.leases.quarantined
+            # The report already lists the quarantined lease while the scope is open.
+            during = read_report(report_path)
+            assert [e.remote_id for e in during.entries] == [spawned["slow"].remote_id]
+            assert "did not settle within settle_timeout=1s" in during.entries[0].reason
+            assert not during.complete
+        report = read_report(report_path)
+        assert report.complete
+        (entry,) = report.entries
+        assert entry.kind == "process" and entry.remote_id == spawned["slow"].remote_id
+        # The background teardown retry terminated the quarantined process.
+        assert entry.torn_down and entry.teardown_attempts >= 1
+        assert not alive(spawned["slow"].pid)
+        assert not alive(spawned["quick"].pid)
+    finally:
+        for proc in spawned.values():
+            kill_group(proc.pid)
+
+
+async def test_hanging_teardown_is_quarantined_and_the_run_goes_on(tmp_path):
+    """A teardown that never returns is quarantined after its timeout; `plies reap` ends it."""
+    report_path = tmp_path / "quarantine.json"
+    made: list[OpProcess] = []
+
+    async def create():
+        proc = await spawn_op_server()
+        made.append(proc)
+        return proc
+
+    async def teardown(proc: OpProcess):
+        if proc is made[0]:  # the first one's graceful shutdown hangs forever
+            async with httpx.AsyncClient(timeout=None) as http:
+                await http.post(f"{proc.url}/shutdown", params={"hang": 1})
+        await proc.aclose()
+
+    pool = Pool(
+        create,
+        teardown=teardown,
+        name="env",
+        kind="process",
+        limit=2,
+        teardown_timeout=0.5,
+        teardown_retries=1,
+        retry_backoff=0.05,
+    )
+
+    async def episode(ctx):
+        async with (
+            ctx.borrow(pool) as lease,
+            httpx.AsyncClient() as http,
+            lease.operation("step"),
+        ):
+            (await http.get(f"{lease.resource.url}/op")).raise_for_status()
+        return ctx.trajectory
+
+    try:
+        async with RolloutResources(pools=[pool], report_path=report_path, exit_grace=2) as res:
+            async with RolloutDriver(res, episode, policy=REF, max_groups_in_flight=1) as driver:
+                with anyio.fail_after(30):
+                    for i in range(4):
+                        await driver.admit(GroupSpec(f"t{i}"))
+                        (group,) = [g async for g in _take(driver, 1)]
+                        assert group.trajectories[0].status is Status.COMPLETED
+                driver.close_admission()
+            stats = res.statistics()
+            assert stats.borrowed == 4 and stats.released == 3 and stats.quarantined == 1
+            assert stats.may_exist == 1
+            # The quarantined process keeps its slot, so one slot serves the other three.
+            assert stats.pools[0].slots_taken == 1
+        report = read_report(report_path)
+        (entry,) = report.entries
+        assert entry.remote_id == made[0].remote_id
+        assert entry.reason == "teardown timed out after 0.5s"
+        assert entry.may_exist and entry.teardown_attempts == 1
+        assert alive(made[0].pid)
+        assert not any(alive(p.pid) for p in made[1:])
+
+        reap = subprocess.run(
+            [PLIES, "reap", str(report_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert reap.returncode == 0, reap.stdout + reap.stderr
+        assert f"killed   process {made[0].remote_id}" in reap.stdout
+        assert not alive(made[0].pid)
+        await made[0].process.aclose()
+        after = read_report(report_path)
+        assert after.entries[0].torn_down and after.entries[0].reaped_at is not None
+        again = subprocess.run(
+            [PLIES, "reap", str(report_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert again.returncode == 0 and "0 entries may have existed" in again.stdout
+    finally:
+        for proc in made:
+            kill_group(proc.pid)
+
+
+async def _take(driver, n):
+    async for group in driver.groups():
+        yield group
+        n -= 1
+        if not n:
+            return
+
+
+async def test_create_failure_and_misuse_are_typed():
+    async def broken():
+        raise OSError("no capacity")
+
+    async def episode(ctx):
+        async with ctx.borrow("env"):
+            return ctx.trajectory
+
+    pool = EnvPool(broken)
+    with pytest.raises(UsageError):
+        async with pool.borrow():
+            pass
+    async with RolloutResources(pools=[pool]) as res:
+        async with RolloutDriver(res, episode, policy=REF) as driver:
+            await driver.admit(GroupSpec("t", size=2))
+            (group,) = [g async for g in _take(driver, 1)]
+        for traj in group.trajectories:
+            assert traj.status is Status.FAILED
+            assert traj.error.startswith("plies.LeaseError: pool 'env': create failed")
+        assert res.statistics().borrowed == 0
+        assert pool.statistics().create_failures == 2
+    with pytest.raises(LeaseError):
+        async with RolloutResources(pools=[EnvPool(broken)]) as res, res.env.borrow():
+            pass
+
+
+async def test_operation_timeout_quarantines_and_raises(tmp_path):
+    proc_holder: list[OpProcess] = []
+
+    async def create():
+        proc_holder.append(await spawn_op_server())
+        return proc_holder[-1]
+
+    pool = EnvPool(create, kind="process", retry_backoff=0.01)
+    try:
+        async with RolloutResources(pools=[pool], report_path=tmp_path / "q.json") as res:
+            with pytest.raises(LeaseError, match="cut off before it settled"):
+                async with (
+                    res.env.borrow() as lease,
+                    httpx.AsyncClient() as http,
+                    lease.operation("slow", timeout=0.3),
+                ):
+                    await http.get(f"{lease.resource.url}/op", params={"s": 30})
+            assert lease.state is LeaseState.QUARANTINED
+            assert "within its 0.3s timeout" in lease.reason
+            with pytest.raises(UsageError):
+                async with lease.operation("again"):
+                    pass
+        report = json.loads((tmp_path / "q.json").read_text())
+        assert report["entries"][0]["torn_down"] is True
+    finally:
+        for proc in proc_holder:
+            kill_group(proc.pid)
+
+
+async def test_episode_results_and_errors_settle_with_status():
+    async def make():
+        return object()
+
+    async def episode(ctx):
+        if ctx.index == 0:
+            traj = Trajectory(task_id="ignored")
+            traj.status = Status.TRUNCATED
+            return traj
+        if ctx.index == 1:
+            raise ValueError("bad move")
+        return "not a trajectory"
+
+    async with RolloutResources(pools=[EnvPool(make, teardown=lambda r: anyio.sleep(0))]) as res:
+        async with RolloutDriver(res, episode, policy=REF) as driver:
+            admitted = await driver.admit(GroupSpec("t", size=3))
+            assert admitted.policy == REF
+            driver.set_policy(REF.model_copy(update={"version": 1}))
+            (group,) = [g async for g in _take(driver, 1)]
+        statuses = [t.status for t in group.trajectories]
+        assert statuses == [Status.TRUNCATED, Status.FAILED, Status.FAILED]
+        assert group.trajectories[0].task_id == "t" and group.policy.version == 0
+        assert group.trajectories[1].error == "builtins.ValueError: bad move"
+        assert "returned str, not a Trajectory" in group.trajectories[2].error
+        assert group.complete

@@ -1,0 +1,116 @@
+"""Killing the real policy server (`plies serve`) mid-run fails episodes with a typed error."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server
+
+from plies import PolicyRef, Status, Turn
+from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
+from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
+
+PLIES = str(Path(sys.executable).with_name("plies"))
+
+
+@pytest.fixture
+def policy_server(tiny_model_dir):
+    proc = subprocess.Popen(
+        [PLIES, "serve", str(tiny_model_dir), "--port", "0", "--threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        info = json.loads(proc.stdout.readline())
+        yield proc, info
+    finally:
+        kill_group(proc.pid)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+async def test_killing_the_policy_server_fails_episodes_with_a_typed_error(policy_server):
+    server, info = policy_server
+    ref = PolicyRef.model_validate(info["policy"])
+    params = SamplingParams(max_tokens=2, temperature=1.0)
+    made: list[OpProcess] = []
+
+    async def create() -> OpProcess:
+        made.append(await spawn_op_server())
+        return made[-1]
+
+    async def episode(ctx):
+        prompt = [1, 2, 3]
+        async with ctx.borrow("env") as lease, httpx.AsyncClient() as http:
+            for k in range(10_000):  # runs until the policy fails it
+                c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
+                ctx.add_turn(
+                    Turn(
+                        prompt_ids=prompt if k == 0 else [4],
+                        extends=k > 0,
+                        completion_ids=c.ids,
+                        logprobs=c.logprobs,
+                        finish_reason=c.finish_reason,
+                        policy=c.policy,
+                    )
+                )
+                async with lease.operation("step"):
+                    (await http.get(f"{lease.resource.url}/op")).raise_for_status()
+        return ctx.trajectory
+
+    client = VLLMClient(
+        info["url"],
+        info["model"],
+        policy=ref,
+        timeout=Timeout(connect=2, read=30),
+        retry=RetryPolicy(attempts=2, initial_wait=0.05, max_wait=0.1),
+    )
+    pool = EnvPool(create, kind="process", limit=4)
+    try:
+        async with client, RolloutResources(policy=client, pools=[pool]) as res:
+            async with RolloutDriver(res, episode, policy=ref) as driver:
+                await driver.admit(GroupSpec("a", size=2))
+                await driver.admit(GroupSpec("b", size=2))
+                with anyio.fail_after(60):
+                    while driver.poll().turns < 8:
+                        await anyio.sleep(0.05)
+                server.send_signal(signal.SIGKILL)
+                with anyio.fail_after(60):  # nothing hangs
+                    groups = [g async for g in _take(driver, 2)]
+                stats = driver.poll()
+            assert stats.running == 0 and stats.settled[Status.FAILED] == 4
+            for group in groups:
+                assert group.policy == ref
+                for traj in group.trajectories:
+                    assert traj.status is Status.FAILED
+                    assert traj.error.split(":")[0] in (
+                        "plies.PolicyUnavailable",
+                        "plies.PolicyOutcomeUnknown",
+                    ), traj.error
+                    assert all(t.policy == ref for t in traj.turns)
+            assert sum(len(t.turns) for g in groups for t in g.trajectories) == stats.turns
+            leases = res.statistics()
+            assert leases.borrowed == 4 and leases.released == 4 and leases.quarantined == 0
+            assert leases.balanced and leases.live == 0
+        assert not any(alive(p.pid) for p in made)
+    finally:
+        for proc in made:
+            kill_group(proc.pid)
+
+
+async def _take(driver, n):
+    async for group in driver.groups():
+        yield group
+        n -= 1
+        if not n:
+            return

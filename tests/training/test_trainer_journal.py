@@ -1,0 +1,164 @@
+"""The trainer's op journal on the tiny model: replay, lost gradients, restarts, snapshots.
+
+A "restart" here reopens `Trainer` from the same state dir in process, which is what a new
+server process does; the subprocess crash tests are in test_training_client.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from plies import ConfigError, TrainingGradientsLost
+from plies.server._policies import PolicyStore, weights_digest
+from plies.server._trainer import OpConflict, Trainer
+from plies.training import AdamParams, Datum, OpStatus, TrainingBatch
+from plies.training._wire import ForwardBackwardRequest, OptimStepRequest, SavePolicyRequest
+
+ADAM = AdamParams(lr=1e-2)
+
+
+def batch(seed: int) -> TrainingBatch:
+    rng = random.Random(seed)
+    data = []
+    for n in (12, 17):
+        tokens = [rng.randrange(1, 5000) for _ in range(n)]
+        mask = [0] * 5 + [1] * (n - 5)
+        data.append(
+            Datum(
+                tokens=tokens,
+                mask=mask,
+                logprobs=[-11.0 * m for m in mask],
+                advantages=[rng.choice([-1.0, 1.0]) * m for m in mask],
+            )
+        )
+    return TrainingBatch(data=data)
+
+
+def fb(op_id: str, seed: int = 0) -> ForwardBackwardRequest:
+    return ForwardBackwardRequest(op_id=op_id, batch=batch(seed))
+
+
+def step(op_id: str, ops: list[str]) -> OptimStepRequest:
+    return OptimStepRequest(op_id=op_id, adam=ADAM, forward_backward_ops=ops)
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def grads(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+
+
+@pytest.fixture
+def state(tmp_path, tiny_model_dir):
+    store = PolicyStore.open(tmp_path, tiny_model_dir)
+    return tmp_path, store
+
+
+def test_a_repeated_op_id_returns_the_original_result_and_applies_nothing(state):
+    state_dir, store = state
+    trainer = Trainer.open(state_dir, store)
+    first = trainer.forward_backward(fb("a"))
+    before = grads(trainer)
+    again = trainer.forward_backward(fb("a"))
+    assert again == first
+    for g0, g1 in zip(before, grads(trainer), strict=True):
+        assert torch.equal(g0, g1)
+    assert trainer.state().pending == ["a"]
+    assert trainer.op("a").status is OpStatus.PENDING
+    with pytest.raises(OpConflict, match="op id a was already used"):
+        trainer.forward_backward(fb("a", seed=1))
+    done = trainer.optim_step(step("s1", ["a"]))
+    assert done.metrics["forward_backward_calls"] == 1
+    assert done.metrics["tokens"] == batch(0).loss_tokens
+    after = weights(trainer)
+    assert trainer.optim_step(step("s1", ["a"])) == done
+    assert all(torch.equal(after[k], v) for k, v in weights(trainer).items())
+    assert trainer.op("a").status is OpStatus.APPLIED
+    assert trainer.op("never-sent") is None
+
+
+def test_optim_step_refuses_partial_gradients_and_discards_them(state):
+    state_dir, store = state
+    trainer = Trainer.open(state_dir, store)
+    trainer.forward_backward(fb("a"))
+    before = weights(trainer)
+    with pytest.raises(TrainingGradientsLost, match="missing \\['b'\\]") as err:
+        trainer.optim_step(step("s1", ["a", "b"]))
+    assert err.value.op_ids == ["a", "b"]
+    assert all(torch.equal(before[k], v) for k, v in weights(trainer).items())
+    assert trainer.state().pending == [] and trainer.step == 0
+    assert trainer.op("a").status is OpStatus.LOST
+    with pytest.raises(ConfigError, match="no accumulated gradients"):
+        trainer.optim_step(step("s2", []))
+
+
+def test_restart_loses_gradients_loudly_and_keeps_every_applied_step(state):
+    state_dir, store = state
+    trainer = Trainer.open(state_dir, store)
+    trainer.forward_backward(fb("a"))
+    trainer.optim_step(step("s1", ["a"]))
+    trainer.forward_backward(fb("b", seed=1))  # its gradients die with the "process"
+    stepped = weights(trainer)
+    opt_state = trainer.optimizer.state_dict()["state"]
+
+    reopened = Trainer.open(state_dir, store)
+    assert reopened.generation == trainer.generation + 1
+    assert reopened.step == 1
+    assert all(torch.equal(stepped[k], v) for k, v in weights(reopened).items())
+    for k, v in reopened.optimizer.state_dict()["state"].items():
+        assert torch.equal(v["exp_avg"], opt_state[k]["exp_avg"])
+    assert reopened.op("a").status is OpStatus.APPLIED
+    assert reopened.op("s1").status is OpStatus.APPLIED
+    assert reopened.op("b").status is OpStatus.LOST
+    with pytest.raises(TrainingGradientsLost, match="redo this step"):
+        reopened.forward_backward(fb("b", seed=1))
+    with pytest.raises(TrainingGradientsLost):
+        reopened.optim_step(step("s2", ["b"]))
+    # Redoing the step with a new op id works and steps exactly once on it.
+    reopened.forward_backward(fb("b2", seed=1))
+    result = reopened.optim_step(step("s2", ["b2"]))
+    assert result.step == 2 and result.metrics["forward_backward_calls"] == 1
+
+
+def test_reopen_repairs_a_crash_between_checkpoint_and_journal(state):
+    state_dir, store = state
+    trainer = Trainer.open(state_dir, store)
+    trainer.forward_backward(fb("a"))
+    done = trainer.optim_step(step("s1", ["a"]))
+    journal = state_dir / "trainer" / "journal.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["op_id"] == "s1"
+    # Lose the step's journal line and tear the file, as a crash mid-append would.
+    journal.write_text("".join(lines[:-1]) + '{"op_id":"torn')
+
+    reopened = Trainer.open(state_dir, store)
+    record = reopened.op("s1")
+    assert record.status is OpStatus.APPLIED and record.result == done.model_dump(mode="json")
+    assert reopened.op("a").status is OpStatus.APPLIED
+    assert [json.loads(x)["op_id"] for x in journal.read_text().splitlines()] == ["a", "s1"]
+
+
+def test_save_policy_publishes_immutable_versions_exactly_once(state):
+    state_dir, store = state
+    trainer = Trainer.open(state_dir, store)
+    trainer.forward_backward(fb("a"))
+    trainer.optim_step(step("s1", ["a"]))
+    saved = trainer.save_policy(SavePolicyRequest(op_id="save-1"))
+    ref = saved.policy
+    assert ref.version == 1 and ref.uri.startswith("file://")
+    path = store.path(1)
+    assert ref.digest == weights_digest(path)
+    assert ref.digest != store.get(0).digest
+    assert trainer.save_policy(SavePolicyRequest(op_id="save-1")) == saved
+    assert store.versions() == [0, 1]
+    mtime = (path / "model.safetensors").stat().st_mtime_ns
+    second = trainer.save_policy(SavePolicyRequest(op_id="save-2")).policy
+    assert second.version == 2 and second.digest == ref.digest
+    assert (path / "model.safetensors").stat().st_mtime_ns == mtime
+    assert Trainer.open(state_dir, store).state().policy == second

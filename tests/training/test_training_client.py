@@ -1,0 +1,204 @@
+"""TrainingClient against a real server subprocess: replay, crashes mid-request, quarantine."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import anyio
+import httpx
+import pytest
+
+from plies import ConfigError, TrainingGradientsLost, TrainingQuarantined
+from plies.policy import SamplingParams, VLLMClient
+from plies.server._trainer import TrainerConfig
+from plies.training import (
+    AdamParams,
+    Datum,
+    OpStatus,
+    TrainingBatch,
+    TrainingClient,
+)
+
+pytestmark = pytest.mark.anyio
+
+ADAM = AdamParams(lr=1e-2)
+
+
+def batch(seed: int = 0) -> TrainingBatch:
+    rng = random.Random(seed)
+    data = []
+    for n in (10, 14):
+        tokens = [rng.randrange(1, 5000) for _ in range(n)]
+        mask = [0] * 4 + [1] * (n - 4)
+        data.append(
+            Datum(
+                tokens=tokens,
+                mask=mask,
+                logprobs=[-11.0 * m for m in mask],
+                advantages=[rng.choice([-1.0, 1.0]) * m for m in mask],
+            )
+        )
+    return TrainingBatch(data=data)
+
+
+def journal(state_dir) -> list[dict]:
+    lines = (state_dir / "trainer" / "journal.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines]
+
+
+async def wait_in_flight(url: str, op_id: str, *, applied: bool = False) -> None:
+    """Return once the server is inside the op, unanswered (and, if `applied`, past applying
+    its gradients)."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        with anyio.fail_after(60):
+            while True:
+                state = (await http.get("/v1/training/state")).json()
+                if state["in_flight"] == op_id and (not applied or op_id in state["pending"]):
+                    return
+                await anyio.sleep(0.05)
+
+
+async def test_replayed_op_ids_return_the_original_result_and_publish_serves(
+    tmp_path, start_server
+):
+    server = start_server(tmp_path)
+    async with TrainingClient(server.url) as trainer:
+        first = await trainer.forward_backward(batch(), op_id="s1-fb")
+        async with TrainingClient(server.url) as other:  # e.g. a resumed script
+            again = await other.forward_backward(batch(), op_id="s1-fb")
+            assert again == first
+            with pytest.raises(ConfigError, match="already used"):
+                await other.forward_backward(batch(seed=1), op_id="s1-fb")
+        assert (await trainer.state()).pending == ["s1-fb"]
+        step = await trainer.optim_step(ADAM, op_id="s1-step")
+        assert step.step == 1
+        assert step.metrics["forward_backward_calls"] == 1
+        assert step.metrics["tokens"] == batch().loss_tokens
+        async with TrainingClient(server.url) as other:
+            assert await other.optim_step(ADAM, op_id="s1-step") == step  # no second step
+        assert (await trainer.state()).step == 1
+        assert (await trainer.op("s1-fb")).status is OpStatus.APPLIED
+        assert await trainer.op("never-sent") is None
+
+        policy = await trainer.save_policy(op_id="s1-save")
+        assert await trainer.save_policy(op_id="s1-save") == policy
+        assert policy.version == 1 and policy.uri.startswith("file://")
+        await trainer.publish(policy, [server.url])
+        await trainer.publish(policy, [server.url])  # publishing again is harmless
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            resp = await http.post(
+                "/v1/completions",
+                json={"model": "policy-1", "prompt": [1, 2, 3], "max_tokens": 2, "logprobs": 0},
+            )
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["plies_policy"] == policy.model_dump()
+
+        # Through a VLLMClient, the policy package's publish cycle keeps its name map in step.
+        await trainer.forward_backward(batch(seed=2), op_id="s2-fb")
+        await trainer.optim_step(ADAM, op_id="s2-step")
+        policy2 = await trainer.save_policy(op_id="s2-save")
+        assert policy2.version == 2 and policy2.digest != policy.digest
+        async with VLLMClient(server.url, "policy-0") as sampler:
+            await trainer.publish(policy, [sampler])  # already served: learnt, not reloaded
+            await trainer.publish(policy2, [sampler])
+            params = SamplingParams(max_tokens=2)
+            assert (await sampler.sample([1, 2, 3], params, policy=policy2)).policy == policy2
+            assert (await sampler.sample([1, 2, 3], params, policy=policy)).policy == policy
+    assert [r["op_id"] for r in journal(tmp_path)] == [
+        "s1-fb",
+        "s1-step",
+        "s1-save",
+        "s2-fb",
+        "s2-step",
+        "s2-save",
+    ]
+
+
+async def test_killed_before_the_gradients_were_applied_the_step_applies_once(
+    tmp_path, start_server, port
+):
+    delay = TrainerConfig(test_delay_s=120, test_delay_at="before_apply")
+    server = start_server(tmp_path, port=port, trainer=delay)
+    async with TrainingClient(server.url, reconcile_timeout=120) as trainer:
+        results = {}
+
+        async def send() -> None:
+            results["fb"] = await trainer.forward_backward(batch(), op_id="s1-fb")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            await wait_in_flight(server.url, "s1-fb")
+            server.kill()  # the request is in flight and unanswered
+            assert not (tmp_path / "trainer" / "journal.jsonl").exists()
+            await anyio.to_thread.run_sync(lambda: start_server(tmp_path, port=port))
+        # The client asked the restarted server, learnt the op was never applied, and sent
+        # it again under the same id: applied once, in the new generation.
+        assert results["fb"].generation == 2
+        step = await trainer.optim_step(ADAM)
+        assert step.metrics["forward_backward_calls"] == 1
+        assert step.metrics["tokens"] == batch().loss_tokens
+        state = await trainer.state()
+        assert state.step == 1 and state.pending == []
+    records = journal(tmp_path)
+    assert [r["op_id"] for r in records if r["kind"] == "forward_backward"] == ["s1-fb"]
+    assert records[-1]["consumed"] == ["s1-fb"]
+
+
+async def test_killed_after_applying_but_before_answering_is_reported_lost_not_applied(
+    tmp_path, start_server, port
+):
+    delay = TrainerConfig(test_delay_s=120, test_delay_at="before_answer")
+    server = start_server(tmp_path, port=port, trainer=delay)
+    async with TrainingClient(server.url, reconcile_timeout=120) as trainer:
+        async with anyio.create_task_group() as tg:
+
+            async def send() -> None:
+                with pytest.raises(TrainingGradientsLost, match="lost its gradients") as err:
+                    await trainer.forward_backward(batch(), op_id="s1-fb")
+                assert err.value.op_ids == ["s1-fb"]
+
+            tg.start_soon(send)
+            await wait_in_flight(server.url, "s1-fb", applied=True)
+            # Applied and journaled, but the answer was never sent.
+            assert [r["op_id"] for r in journal(tmp_path)] == ["s1-fb"]
+            server.kill()
+            await anyio.to_thread.run_sync(lambda: start_server(tmp_path, port=port))
+        assert trainer.pending_ops == []
+        assert (await trainer.op("s1-fb")).status is OpStatus.LOST
+        # The client redoes the step's forward_backward under a new id; the step applies once.
+        await trainer.forward_backward(batch(), op_id="s1-fb-redo")
+        step = await trainer.optim_step(ADAM)
+        assert step.metrics["forward_backward_calls"] == 1
+        assert step.metrics["tokens"] == batch().loss_tokens
+        assert (await trainer.op("s1-fb")).status is OpStatus.LOST
+    assert journal(tmp_path)[-1]["consumed"] == ["s1-fb-redo"]
+
+
+async def test_unreachable_trainer_quarantines_the_session_until_reconciled(
+    tmp_path, start_server, port
+):
+    delay = TrainerConfig(test_delay_s=120, test_delay_at="before_apply")
+    server = start_server(tmp_path, port=port, trainer=delay)
+    async with TrainingClient(server.url, reconcile_timeout=2) as trainer:
+        async with anyio.create_task_group() as tg:
+
+            async def send() -> None:
+                with pytest.raises(TrainingQuarantined, match="could not be asked"):
+                    await trainer.forward_backward(batch(), op_id="s1-fb")
+
+            tg.start_soon(send)
+            await wait_in_flight(server.url, "s1-fb")
+            server.kill()
+        assert "s1-fb" in trainer.quarantined
+        with pytest.raises(TrainingQuarantined, match="call reconcile"):
+            await trainer.forward_backward(batch(), op_id="s2-fb")
+        with pytest.raises(TrainingQuarantined):
+            await trainer.optim_step(ADAM)
+        with pytest.raises(TrainingQuarantined, match="asking again failed"):
+            await trainer.reconcile()
+        await anyio.to_thread.run_sync(lambda: start_server(tmp_path, port=port))
+        assert await trainer.reconcile() is None  # never applied; the caller decides
+        assert trainer.quarantined is None
+        await trainer.forward_backward(batch(), op_id="s1-fb")
+        assert (await trainer.optim_step(ADAM)).step == 1
