@@ -261,6 +261,8 @@ class _Episode:
         if self.h.system_prompt is not None:
             opening.insert(0, {"role": "system", "content": self.h.system_prompt})
         self.conv = conv = self.h.renderer.start(opening, tools=obs.tools or None)
+        # With the messages, the tool schemas make the trajectory re-renderable on its own.
+        self.traj.info["tools"] = list(obs.tools)
         offered = {t["function"]["name"] for t in obs.tools if "function" in t}
         while True:
             if len(self.traj.turns) >= self.h.limits.max_turns:

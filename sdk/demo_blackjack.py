@@ -105,17 +105,17 @@ class Budget:
 BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
     {
         "default": Budget(
-            warm_hands=512, warm_steps=60, warm_batch=32, warm_lr=3e-2,
+            warm_hands=512, warm_steps=120, warm_batch=8, warm_lr=3e-2,
             grpo_steps=30, groups_per_step=8, group_size=8, lr=1e-2,
             eval_hands=2000, curve_every=10, curve_hands=400,
         ),
         "quick": Budget(
-            warm_hands=512, warm_steps=60, warm_batch=32, warm_lr=3e-2,
-            grpo_steps=12, groups_per_step=8, group_size=8, lr=1e-2,
-            eval_hands=500, curve_every=6, curve_hands=200,
+            warm_hands=512, warm_steps=120, warm_batch=8, warm_lr=3e-2,
+            grpo_steps=10, groups_per_step=8, group_size=8, lr=1e-2,
+            eval_hands=500, curve_every=5, curve_hands=200,
         ),
         "smoke": Budget(
-            warm_hands=64, warm_steps=20, warm_batch=16, warm_lr=3e-2,
+            warm_hands=256, warm_steps=100, warm_batch=8, warm_lr=3e-2,
             grpo_steps=3, groups_per_step=2, group_size=4, lr=1e-2,
             eval_hands=32, curve_every=2, curve_hands=16, eval_concurrency=16,
         ),

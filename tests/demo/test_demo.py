@@ -1,0 +1,102 @@
+"""`plies demo blackjack` end to end as a subprocess: a short run, and Ctrl-C then resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from plies.runtime import read_groups
+
+DEMO = [sys.executable, "-c", "from plies.cli import app; app()", "demo", "blackjack"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def demo(out: Path, *args: str) -> subprocess.Popen:
+    log = (out.parent / f"{out.name}.log").open("ab")
+    return subprocess.Popen(
+        [*DEMO, "--out", str(out), "--budget", "smoke", *args],
+        stdout=log, stderr=subprocess.STDOUT, env=ENV,
+    )  # fmt: skip
+
+
+def records(out: Path, kind: str) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r for r in lines if r["kind"] == kind]
+
+
+def wait(proc: subprocess.Popen, out: Path, timeout: float) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        log = (out.parent / f"{out.name}.log").read_text(errors="replace")[-3000:]
+        pytest.fail(f"the demo did not finish in {timeout}s:\n{log}")
+
+
+@pytest.mark.slow
+def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
+    out = tmp_path / "run"
+    rc = wait(demo(out), out, 900)
+    log = (tmp_path / "run.log").read_text(errors="replace")
+    assert rc == 0, log[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("warm_start_return", "final_return", "eval_hands", "minutes", "policies"):
+        assert summary[key] is not None, key
+    assert summary["complete"] and summary["grpo_steps"] == 3
+    evals = {r["label"]: r for r in records(out, "eval")}
+    assert summary["eval_hands"] + evals["final"]["failed"] == 32
+    assert evals["warm_start"]["policy"] == 1 and evals["warm_start"]["hands"] == 32
+    assert evals["final"]["return"] == summary["final_return"]
+    steps = records(out, "step")
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    published = {s["policy"]["version"] for s in steps} | {1}
+    assert summary["policies"] == len(published)
+    assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    groups = read_groups(out / "groups.jsonl")
+    assert groups.clean
+    trained = {g for s in steps for g in s["groups"]}
+    assert trained <= {g.id for g in groups.records}
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
+    out = tmp_path / "run"
+    proc = demo(out)
+    deadline = time.monotonic() + 900
+    while not records(out, "step") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert proc.poll() is None, "the demo ended before its first GRPO step was published"
+    proc.send_signal(signal.SIGINT)
+    assert wait(proc, out, 300) == 130
+    before = records(out, "step")
+    assert before, "a step was published before the interrupt"
+    last = before[-1]["policy"]
+    trained = {g for s in before for g in s["groups"]}
+    completed = [g.id for g in read_groups(out / "groups.jsonl").records]
+    untrained = [g for g in completed if g not in trained]
+
+    rc = wait(demo(out), out, 900)
+    assert rc == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
+    after = records(out, "step")
+    assert [s["step"] for s in after] == list(range(len(after)))  # none repeated, none skipped
+    resumed = after[len(before)]
+    # Trained on top of `last` (a step whose groups all tied publishes nothing new).
+    published = 1 if resumed.get("loss") is not None else 0
+    assert resumed["policy"]["version"] == last["version"] + published
+    if untrained:  # completed before the interrupt, trained first after it
+        assert resumed["groups"] == untrained[: len(resumed["groups"])]
+    for group in read_groups(out / "groups.jsonl").records:
+        if group.id not in completed:
+            assert group.policy.version >= last["version"]
+    assert json.loads((out / "summary.json").read_text())["complete"]
