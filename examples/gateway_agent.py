@@ -30,13 +30,15 @@ import sys
 MAX_TURNS = 6
 
 
-def agent() -> int:
+def agent(system: str | None = None) -> int:
     """The agent program: plain OpenAI client code, no plies import."""
     import openai
 
     client = openai.OpenAI()  # OPENAI_BASE_URL / OPENAI_API_KEY name the gateway session
     task = json.loads(sys.stdin.readline())
     messages, tools = task["messages"], task["tools"]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
 
     def act(name: str, arguments: str) -> dict:
         print(json.dumps({"type": "tool", "name": name, "arguments": arguments}), flush=True)
@@ -162,7 +164,8 @@ async def train(args: argparse.Namespace) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="mode", required=True)
-    sub.add_parser("agent", help="run the agent program (the harness starts this)")
+    agent_args = sub.add_parser("agent", help="run the agent program (the harness starts this)")
+    agent_args.add_argument("--system", default=None, help="a system message to play under")
     trainer = sub.add_parser("train", help="play groups through the gateway and train")
     trainer.add_argument("--steps", type=int, default=2)
     trainer.add_argument("--tasks", type=int, default=2, help="groups per step")
@@ -171,7 +174,7 @@ def main() -> int:
     trainer.add_argument("--model-dir", default=None, help="default: the tiny offline model")
     args = parser.parse_args()
     if args.mode == "agent":
-        return agent()
+        return agent(args.system)
     import anyio
 
     anyio.run(train, args)

@@ -56,10 +56,9 @@ class Gateway:
             override them, and its max_tokens is capped by theirs.
         settle_timeout: how long finishing or dropping a session waits for a turn in flight.
         admin_token: the bearer token of the HTTP session routes; None disables them.
-
-    Attributes:
         policy: which policy samples (a `PolicyRef` or served name; None: the sampler's
-            default). Set it after publishing a new policy; turns in flight keep theirs.
+            default). The attribute of that name can be set after publishing a new
+            policy; turns in flight keep theirs.
 
     The gateway does not own `sampler`: close it yourself after the gateway.
 
@@ -80,6 +79,7 @@ class Gateway:
         sampling: Any = None,
         settle_timeout: float = DEFAULT_SETTLE_TIMEOUT,
         admin_token: str | None = None,
+        policy: Any = None,
     ):
         self.sampler = sampler
         self.renderer = renderer
@@ -92,7 +92,7 @@ class Gateway:
         self.sampling = sampling
         self.settle_timeout = settle_timeout
         self.admin_token = admin_token
-        self.policy: Any = None
+        self.policy: Any = policy
         self._sessions: dict[str, Session] = {}
         self._state = _State.UNOPENED
 

@@ -166,7 +166,12 @@ class Stack:
 
 @asynccontextmanager
 async def gateway_stack(
-    policy_server: Any, tokenizer: Any, *, max_tokens: int = 12
+    policy_server: Any,
+    tokenizer: Any,
+    *,
+    max_tokens: int = 12,
+    template_kwargs: dict[str, Any] | None = None,
+    policy: Any = None,
 ) -> AsyncIterator[Stack]:
     """Recording engine -> VLLMClient -> Gateway -> uvicorn, all on 127.0.0.1."""
     async with (
@@ -174,9 +179,10 @@ async def gateway_stack(
         VLLMClient(engine.url, policy_server.model) as client,
         Gateway(
             client,
-            ChatRenderer(tokenizer),
+            ChatRenderer(tokenizer, template_kwargs=template_kwargs),
             sampling=SamplingParams(max_tokens=max_tokens, seed=0),
             settle_timeout=5.0,
+            policy=policy,
         ) as gateway,
         GatewayServer(gateway) as server,
     ):

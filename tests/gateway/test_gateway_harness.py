@@ -42,6 +42,42 @@ async def test_example_agent_plays_blackjack_through_the_gateway(policy_server, 
     assert [t.extends for t in trajectory.turns] == [False, True][: len(trajectory.turns)]
 
 
+async def test_warm_policy_plays_through_the_gateway_with_sampled_tool_calls(
+    warm_server, qwen3_tokenizer
+):
+    """No scripted answers: the demo's warm-started policy samples every tool call."""
+    from plies.demo_blackjack import SYSTEM_PROMPT, TEMPLATE_KWARGS
+
+    async with gateway_stack(
+        warm_server,
+        qwen3_tokenizer,
+        max_tokens=32,
+        template_kwargs=dict(TEMPLATE_KWARGS),
+        policy=f"policy-{warm_server.warm.version}",  # the served name of the warm start
+    ) as stack:
+        harness = GatewayHarness(stack.server, [*AGENT, "--system", SYSTEM_PROMPT], wall_s=60)
+        trajectories = []
+        for seed in range(4):
+            async with BlackjackEnv() as env:
+                trajectories.append(await harness.run(env, Task(id=f"w{seed}", seed=seed)))
+        assert not stack.engine.script and stack.gateway.open_sessions == 0
+
+    offset = 0
+    for trajectory in trajectories:  # hands ran one after another: answers are in order
+        for k, turn in enumerate(trajectory.turns):
+            ids, logprobs = stack.engine.sampled(offset + k)
+            assert (turn.completion_ids, turn.logprobs) == (ids, logprobs)
+            assert trajectory.prompt_ids(k) == stack.engine.requests[offset + k]["prompt"]
+            assert turn.policy == warm_server.warm
+        offset += len(trajectory.turns)
+    assert offset == len(stack.engine.answers)
+    finished = [t for t in trajectories if t.info["env_done"]]
+    assert len(finished) >= 3, [(t.status, t.error, t.info, len(t.turns)) for t in trajectories]
+    for trajectory in finished:
+        assert trajectory.status is Status.COMPLETED and trajectory.reward in (-1.0, 0.0, 1.0)
+        assert trajectory.info["tool_calls"] >= 1
+
+
 @pytest.mark.parametrize(
     ("code", "status", "error"),
     [

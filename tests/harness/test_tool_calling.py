@@ -179,9 +179,9 @@ async def test_sampled_turns_are_recorded_exactly(warm_server, client, renderer,
     assert sum(t.status is Status.COMPLETED for t in trajs) >= 12, [t.error for t in trajs]
 
 
-ONE_WORD = SamplingParams(max_tokens=1, stop_token_ids=tuple(range(151643)))
-"""The random model's one sampled token (almost surely an ordinary one) is a stop token: a
-finished completion with no tool call, which is what ill-formed output looks like."""
+ONE_WORD = SamplingParams(max_tokens=1, stop_token_ids=tuple(range(151936)))
+"""Every id of the vocabulary is a stop token, so the one sampled token (often `<tool_call>`
+for the warm start) is a finished completion with no whole tool call: ill-formed output."""
 
 
 async def test_random_model_output_ends_the_episode_as_ill_formed(
