@@ -22,8 +22,8 @@ from ._pool import HarnessPool as HarnessPool
 from ._pool import Lease as Lease
 from ._pool import LeaseState as LeaseState
 from ._pool import Pool as Pool
-from ._pool import PoolState as PoolState
 from ._pool import PoolStatistics as PoolStatistics
+from ._pool import ScopeState as ScopeState
 from ._progress import LiveProgress as LiveProgress
 from ._reap import Reaper as Reaper
 from ._reap import ReapOutcome as ReapOutcome
@@ -36,7 +36,6 @@ from ._reap import reap_report as reap_report
 from ._report import QuarantineRecord as QuarantineRecord
 from ._report import QuarantineReport as QuarantineReport
 from ._report import read_report as read_report
-from ._resources import ResourcesState as ResourcesState
 from ._resources import ResourcesStatistics as ResourcesStatistics
 from ._resources import RolloutResources as RolloutResources
 from ._settle import SettlingState as SettlingState
@@ -64,16 +63,15 @@ __all__ = [
     "LiveProgress",
     "MalformedLine",
     "Pool",
-    "PoolState",
     "PoolStatistics",
     "QuarantineRecord",
     "QuarantineReport",
     "ReapOutcome",
     "ReapResult",
     "Reaper",
-    "ResourcesState",
     "ResourcesStatistics",
     "RolloutDriver",
+    "ScopeState",
     "SettlingState",
     "SinkState",
     "builtin_reapers",

@@ -38,8 +38,8 @@ __all__ = [
     "Lease",
     "LeaseState",
     "Pool",
-    "PoolState",
     "PoolStatistics",
+    "ScopeState",
 ]
 
 T = TypeVar("T")
@@ -63,10 +63,15 @@ class LeaseState(StrEnum):
     """Its state is unknown; never lent again, reported, teardown retried."""
 
 
-class PoolState(StrEnum):
+class ScopeState(StrEnum):
+    """Where a pool or a `RolloutResources` scope is in its one-way lifetime."""
+
     UNOPENED = "unopened"
+    """Made, not entered yet: nothing is lent."""
     OPEN = "open"
+    """Entered: leases are lent."""
     CLOSED = "closed"
+    """Left: it cannot be entered again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +260,7 @@ class Pool(Generic[T]):
         self._create = create
         self._teardown = teardown or _default_teardown
         self._remote_id = remote_id or _default_remote_id
-        self.state = PoolState.UNOPENED
+        self.state = ScopeState.UNOPENED
         self.aborting = False
         self._slots = anyio.Semaphore(limit)
         self._next_create_at = -math.inf
@@ -277,11 +282,11 @@ class Pool(Generic[T]):
     # lifetime -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Pool[T]:
-        if self.state is not PoolState.UNOPENED:
+        if self.state is not ScopeState.UNOPENED:
             raise UsageError(f"pool {self.name!r} is {self.state}; a pool opens once")
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self.state = PoolState.OPEN
+        self.state = ScopeState.OPEN
         return self
 
     async def __aexit__(
@@ -297,10 +302,10 @@ class Pool(Generic[T]):
 
         Idempotent. Records of resources not torn down stay in `quarantined()`.
         """
-        if self.state is PoolState.CLOSED or self._tg is None:
-            self.state = PoolState.CLOSED
+        if self.state is ScopeState.CLOSED or self._tg is None:
+            self.state = ScopeState.CLOSED
             return
-        self.state = PoolState.CLOSED
+        self.state = ScopeState.CLOSED
         tg, self._tg = self._tg, None
         try:
             with CancelScope(shield=True), anyio.move_on_after(0 if self.aborting else grace):
@@ -352,7 +357,7 @@ class Pool(Generic[T]):
                 await self._return(lease)
 
     def _check_lendable(self) -> None:
-        if self.state is not PoolState.OPEN:
+        if self.state is not ScopeState.OPEN:
             raise UsageError(f"pool {self.name!r} is {self.state}; borrow inside `async with`")
         if self.aborting:
             raise UsageError(f"pool {self.name!r} is aborting; it lends nothing more")

@@ -11,26 +11,19 @@ import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from .._exceptions import ConfigError, UsageError
-from ._pool import Pool, PoolStatistics
+from ._pool import Pool, PoolStatistics, ScopeState
 from ._report import QuarantineRecord, QuarantineReport, write_report
 
-__all__ = ["ResourcesState", "ResourcesStatistics", "RolloutResources"]
+__all__ = ["ResourcesStatistics", "RolloutResources"]
 
 DEFAULT_EXIT_GRACE = 10.0
 
 log = logging.getLogger("plies.runtime")
-
-
-class ResourcesState(StrEnum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +84,7 @@ class RolloutResources:
         self.report_path = Path(report_path) if report_path is not None else None
         self.run_id = run_id or uuid.uuid4().hex
         self.exit_grace = exit_grace
-        self.state = ResourcesState.UNOPENED
+        self.state = ScopeState.UNOPENED
         self.aborting = False
 
     def __repr__(self) -> str:
@@ -120,7 +113,7 @@ class RolloutResources:
             raise ConfigError(f"no pool named {name!r}; pools: {sorted(self.pools)}") from None
 
     async def __aenter__(self) -> RolloutResources:
-        if self.state is not ResourcesState.UNOPENED:
+        if self.state is not ScopeState.UNOPENED:
             raise UsageError(f"RolloutResources is {self.state}; a scope opens once")
         if self.report_path is not None and not self.report_path.parent.is_dir():
             raise ConfigError(f"report directory {self.report_path.parent} does not exist")
@@ -133,7 +126,7 @@ class RolloutResources:
         except Exception:
             await self._close_pools(opened)
             raise
-        self.state = ResourcesState.OPEN
+        self.state = ScopeState.OPEN
         return self
 
     async def __aexit__(
@@ -149,9 +142,9 @@ class RolloutResources:
 
         Idempotent. The report is written even when this is cancelled.
         """
-        if self.state is ResourcesState.CLOSED:
+        if self.state is ScopeState.CLOSED:
             return
-        self.state = ResourcesState.CLOSED
+        self.state = ScopeState.CLOSED
         try:
             await self._close_pools(list(self.pools.values()))
         finally:

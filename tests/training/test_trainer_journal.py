@@ -7,35 +7,22 @@ server process does; the subprocess crash tests are in test_training_client.py.
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
+from training_batches import random_batch
 
 from plies import ConfigError, TrainingGradientsLost
 from plies.server._policies import PolicyStore, weights_digest
 from plies.server._trainer import OpConflict, Trainer
-from plies.training import AdamParams, Datum, OpStatus, TrainingBatch
+from plies.training import AdamParams, OpStatus, TrainingBatch
 from plies.training._wire import ForwardBackwardRequest, OptimStepRequest, SavePolicyRequest
 
 ADAM = AdamParams(lr=1e-2)
 
 
 def batch(seed: int) -> TrainingBatch:
-    rng = random.Random(seed)
-    data = []
-    for n in (12, 17):
-        tokens = [rng.randrange(1, 5000) for _ in range(n)]
-        mask = [0] * 5 + [1] * (n - 5)
-        data.append(
-            Datum(
-                tokens=tokens,
-                mask=mask,
-                logprobs=[-11.0 * m for m in mask],
-                advantages=[rng.choice([-1.0, 1.0]) * m for m in mask],
-            )
-        )
-    return TrainingBatch(data=data)
+    return random_batch(seed, (12, 17), prompt=5)
 
 
 def fb(op_id: str, seed: int = 0) -> ForwardBackwardRequest:

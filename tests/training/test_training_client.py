@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import random
 
 import anyio
 import httpx
 import pytest
+from training_batches import random_batch
 
 from plies import ConfigError, TrainingGradientsLost, TrainingQuarantined
 from plies.policy import SamplingParams, VLLMClient
 from plies.server._trainer import TrainerConfig
 from plies.training import (
     AdamParams,
-    Datum,
     OpStatus,
     TrainingBatch,
     TrainingClient,
@@ -26,20 +25,7 @@ ADAM = AdamParams(lr=1e-2)
 
 
 def batch(seed: int = 0) -> TrainingBatch:
-    rng = random.Random(seed)
-    data = []
-    for n in (10, 14):
-        tokens = [rng.randrange(1, 5000) for _ in range(n)]
-        mask = [0] * 4 + [1] * (n - 4)
-        data.append(
-            Datum(
-                tokens=tokens,
-                mask=mask,
-                logprobs=[-11.0 * m for m in mask],
-                advantages=[rng.choice([-1.0, 1.0]) * m for m in mask],
-            )
-        )
-    return TrainingBatch(data=data)
+    return random_batch(seed, (10, 14), prompt=4)
 
 
 def journal(state_dir) -> list[dict]:
