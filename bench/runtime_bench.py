@@ -4,13 +4,17 @@
 
 A STAND-IN ENGINE (this bench only) answers every `/v1/completions` request after exactly L
 seconds with a fixed 8-token completion. It runs in its own process, so its CPU is not the
-client's. The client side is the real runtime: `RolloutResources` + `RolloutDriver`, C
+client's. The client side is the real runtime: `RolloutResources` + `RolloutDriver` keep C
 episodes in flight, each borrowing a lease from an `EnvPool` and taking `--turns` turns; each
-turn samples inside `lease.operation("sample")` and is recorded with `ctx.add_turn`. Two
-clients are measured side by side: "raw" (one keep-alive TCP connection per lease, a minimal
-HTTP/1.1 exchange: the runtime's own overhead) and "vllm" (`plies.policy.VLLMClient`,
-httpx). With no overhead a run achieves C/L turns/s; the ratio printed is achieved / ideal,
-measured side by side in one run. Target: >= 90% at C=256, L=100 ms.
+turn samples through `ctx.policy` inside `lease.operation("sample")` and is recorded with
+`ctx.add_turn`. A slot whose episode settles starts the next one, so admission, borrowing,
+teardown and settling are measured along with the turns.
+
+Two policy clients are measured side by side: "raw", a minimal keep-alive HTTP/1.1 client
+(what remains is the runtime's own overhead), and "vllm", `plies.policy.VLLMClient` (httpx).
+Turns are counted in a window after a warm-up, when all C episodes have started; with no
+overhead a run achieves C/L turns/s, and the ratio printed is achieved / ideal. Target:
+>= 90% at C=256, L=100 ms.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from functools import partial
 
 STANDIN_TOKENS = 8
 
@@ -98,23 +104,15 @@ def serve_standin(latency: float) -> None:
 # -- the client: the real runtime ---------------------------------------------------------------
 
 
-class RawSampler:
-    """A minimal keep-alive HTTP/1.1 client on one anyio TCP stream (bench only).
+class _Connection:
+    """One keep-alive HTTP/1.1 connection: send a request, read one whole response."""
 
-    It isolates the runtime's own overhead from the HTTP library's: one connection per
-    episode, created and torn down by the `EnvPool`.
-    """
-
-    def __init__(self, stream, host: str, body: bytes):
+    def __init__(self, stream):
         self.stream = stream
-        self.request = (
-            f"POST /v1/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json"
-            f"\r\ncontent-length: {len(body)}\r\n\r\n"
-        ).encode() + body
         self.buf = b""
 
-    async def sample(self) -> dict:
-        await self.stream.send(self.request)
+    async def exchange(self, request: bytes) -> bytes:
+        await self.stream.send(request)
         while (head_end := self.buf.find(b"\r\n\r\n")) < 0:
             self.buf += await self.stream.receive()
         length = 0
@@ -125,16 +123,78 @@ class RawSampler:
         while len(self.buf) < end:
             self.buf += await self.stream.receive()
         body, self.buf = self.buf[head_end + 4 : end], self.buf[end:]
-        return json.loads(body)
+        return body
 
-    async def aclose(self) -> None:
-        await self.stream.aclose()
+
+class RawClient:
+    """A minimal policy client (bench only): keep-alive connections kept on a free list.
+
+    It speaks the same `/v1/completions` exchange as `VLLMClient` and returns the same
+    validated `Completion`, without an HTTP library: what it costs is the runtime's floor.
+    """
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.idle: list[_Connection] = []
+        self.open: list[_Connection] = []
+
+    async def sample(self, prompt_ids, params, *, policy=None, session=None):
+        import anyio
+
+        from plies.policy import Completion
+
+        body = json.dumps(
+            {"model": "bench", "prompt": list(prompt_ids), "max_tokens": params.max_tokens}
+        ).encode()
+        request = (
+            f"POST /v1/completions HTTP/1.1\r\nhost: {self.host}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        if self.idle:
+            conn = self.idle.pop()
+        else:
+            conn = _Connection(await anyio.connect_tcp(self.host, self.port))
+            self.open.append(conn)
+        reply = json.loads(await conn.exchange(request))
+        self.idle.append(conn)
+        choice = reply["choices"][0]
+        return Completion(
+            ids=choice["token_ids"],
+            logprobs=choice["logprobs"]["token_logprobs"],
+            finish_reason=choice["finish_reason"],
+            policy=policy,
+        )
+
+    async def __aenter__(self) -> RawClient:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        for conn in self.open:
+            await conn.stream.aclose()
+
+
+@dataclass
+class Row:
+    """One measured run: the steady window, and how the run started."""
+
+    window_turns: int
+    window_s: float
+    window_cpu_s: float
+    start_s: float
+    """When the C-th turn was recorded: the cost of starting C episodes in one burst."""
 
 
 async def measure(
-    url: str, concurrency: int, turns: int, rounds: int, client_kind: str
-) -> tuple[int, float, float]:
-    """Run `concurrency * rounds` episodes of `turns` turns; return (turns, wall s, cpu s)."""
+    url: str, concurrency: int, turns: int, warmup: float, window: float, client_kind: str
+) -> Row:
+    """Keep `concurrency` episodes of `turns` turns in flight for `warmup + window` seconds.
+
+    Every slot starts a new episode as soon as its last one settles, so episode turnover
+    (admission, borrow, create, teardown, settle) happens inside the window. Turns are
+    counted by the moment they were recorded. The first `warmup` seconds, when all C episodes
+    start in one burst, and the final drain are outside the window; the burst is reported as
+    the moment the C-th turn was recorded (ideally L).
+    """
     import anyio
 
     from plies import PolicyRef, Turn
@@ -144,12 +204,11 @@ async def measure(
     ref = PolicyRef(uri="plies://bench/policies/0", version=0)
     params = SamplingParams(max_tokens=STANDIN_TOKENS)
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"model": "bench", "prompt": [1, 2, 3, 4], "max_tokens": 8}).encode()
-
-    async def connect() -> RawSampler:
-        return RawSampler(await anyio.connect_tcp(host, int(port)), host, body)
+    recorded: list[float] = []
 
     class Nothing:
+        """The env resource: free to create, so the pool's bookkeeping is what is measured."""
+
         async def aclose(self) -> None:
             await anyio.lowlevel.checkpoint()
 
@@ -161,54 +220,62 @@ async def measure(
         async with ctx.borrow("env") as lease:
             for k in range(turns):
                 async with lease.operation("sample"):
-                    if client_kind == "raw":
-                        choice = (await lease.resource.sample())["choices"][0]
-                        ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
-                        reason, policy = choice["finish_reason"], ctx.policy_ref
-                    else:
-                        c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
-                        ids, logprobs, reason, policy = c.ids, c.logprobs, c.finish_reason, c.policy
+                    c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
                 ctx.add_turn(
                     Turn(
                         prompt_ids=prompt if k == 0 else [5],
                         extends=k > 0,
-                        completion_ids=ids,
-                        logprobs=logprobs,
-                        finish_reason=reason,
-                        policy=policy,
+                        completion_ids=c.ids,
+                        logprobs=c.logprobs,
+                        finish_reason=c.finish_reason,
+                        policy=c.policy,
                     )
                 )
+                recorded.append(time.perf_counter())
         return ctx.trajectory
 
-    client = VLLMClient(
-        url,
-        "bench",
-        policy=ref,
-        timeout=Timeout(connect=30, read=60, write=30, pool=60),
-        retry=RetryPolicy(attempts=1),
-    )
-    pool = EnvPool(connect if client_kind == "raw" else nothing, limit=concurrency)
+    if client_kind == "raw":
+        client = RawClient(host, int(port))
+    else:
+        client = VLLMClient(
+            url,
+            "bench",
+            policy=ref,
+            timeout=Timeout(connect=30, read=60, write=30, pool=60),
+            retry=RetryPolicy(attempts=1),
+        )
+    pool = EnvPool(nothing, limit=concurrency)
+    cpu: list[float] = []
     async with client, RolloutResources(policy=client, pools=[pool]) as res:
-        if client_kind == "vllm":  # warm the connection pool: time the steady state
-            async with anyio.create_task_group() as tg:
-                for _ in range(concurrency):
-                    tg.start_soon(client.sample, [1], params)
-        cpu0, t0 = time.process_time(), time.perf_counter()
+        async with anyio.create_task_group() as tg:  # open the connections before the clock
+            for _ in range(concurrency):
+                tg.start_soon(partial(client.sample, [1], params, policy=ref))
+        t0 = time.perf_counter()
+        t_a, t_b = t0 + warmup, t0 + warmup + window
+
+        async def clock() -> None:
+            for t in (t_a, t_b):
+                await anyio.sleep(t - time.perf_counter())
+                cpu.append(time.process_time())
+
         async with RolloutDriver(res, episode, policy=ref, max_groups_in_flight=concurrency) as d:
 
             async def admit() -> None:
-                for i in range(concurrency * rounds):
+                i = 0
+                while time.perf_counter() < t_b:
                     await d.admit(GroupSpec(f"t{i}"))
+                    i += 1
                 d.close_admission()
 
             async with anyio.create_task_group() as tg:
+                tg.start_soon(clock)
                 tg.start_soon(admit)
                 async for group in d.groups():
                     assert group.trajectories[0].status.value == "completed", group
             done = d.poll()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        assert done.leases.balanced and done.leases.released == concurrency * rounds
-    return done.turns, wall, cpu
+        assert done.leases.balanced and done.leases.released == done.settled_total, done
+    in_window = sum(t_a <= t < t_b for t in recorded)
+    return Row(in_window, t_b - t_a, cpu[1] - cpu[0], recorded[concurrency - 1] - t0)
 
 
 def main() -> None:
@@ -218,7 +285,8 @@ def main() -> None:
         "--concurrency", type=int, nargs="+", default=[1, 8, 64, 256, 512], help="values of C"
     )
     parser.add_argument("--turns", type=int, default=10, help="turns per episode")
-    parser.add_argument("--rounds", type=int, default=2, help="episodes per slot")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before the window")
+    parser.add_argument("--window", type=float, default=4.0, help="seconds measured")
     parser.add_argument(
         "--clients", nargs="+", default=["raw", "vllm"], choices=["raw", "vllm"], help="clients"
     )
@@ -239,21 +307,24 @@ def main() -> None:
         url = json.loads(engine.stdout.readline())["url"]
         print(
             f"stand-in engine (bench only, separate process) at {url}: answers after "
-            f"L = {args.latency * 1000:g} ms; {args.turns} turns/episode, {args.rounds} "
-            f"episodes per slot; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+            f"L = {args.latency * 1000:g} ms; {args.turns} turns/episode; window "
+            f"{args.window:g} s after {args.warmup:g} s; {os.cpu_count()} CPUs, "
+            f"load average {os.getloadavg()[0]:.1f}"
         )
-        print("client raw:  RolloutDriver + EnvPool (one keep-alive TCP connection per lease)")
+        print("client raw:  RolloutDriver + EnvPool + a minimal HTTP/1.1 client (bench only)")
         print("client vllm: RolloutDriver + EnvPool + plies.policy.VLLMClient (httpx)")
-        header = ("client", "C", "ideal t/s", "achieved", "ratio", "CPU/turn")
-        print("{:>6} {:>5} {:>10} {:>10} {:>7} {:>10}".format(*header))
+        print("achieved: turns recorded in the window; C-th turn: when the burst start ended")
+        header = ("client", "C", "ideal t/s", "achieved", "ratio", "CPU/turn", "C-th turn")
+        print("{:>6} {:>5} {:>10} {:>9} {:>7} {:>9} {:>10}".format(*header))
         for c in args.concurrency:
             for kind in args.clients:
-                turns, wall, cpu = anyio.run(measure, url, c, args.turns, args.rounds, kind)
+                row = anyio.run(measure, url, c, args.turns, args.warmup, args.window, kind)
                 ideal = c / args.latency
-                achieved = turns / wall
+                achieved = row.window_turns / row.window_s
+                cpu_us = row.window_cpu_s / max(row.window_turns, 1) * 1e6
                 print(
-                    f"{kind:>6} {c:>5} {ideal:>10.0f} {achieved:>10.0f} "
-                    f"{achieved / ideal:>7.1%} {cpu / turns * 1e6:>8.0f}us",
+                    f"{kind:>6} {c:>5} {ideal:>10.0f} {achieved:>9.0f} {achieved / ideal:>7.1%} "
+                    f"{cpu_us:>7.0f}us {row.start_s * 1000:>8.0f}ms",
                     flush=True,
                 )
     finally:

@@ -65,7 +65,7 @@ class SGLangClient(HTTPPolicyClient):
         `policy` is checked, not routed: SGLang serves one set of weights per engine, so an
         answer from other weights than the requested ones raises `PolicyResponseError`.
         """
-        self._client()
+        self._check_open()
         sampling: dict[str, Any] = {
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,

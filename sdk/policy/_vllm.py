@@ -136,7 +136,7 @@ class VLLMClient(HTTPPolicyClient):
         session: str | None = None,
     ) -> Completion:
         """Sample one completion; see `PolicyClient.sample`."""
-        self._client()
+        self._check_open()
         name = await self._name_of(policy)
         while name in self._gates:
             await self._gates[name].wait()

@@ -274,6 +274,7 @@ class Pool(Generic[T]):
         self._retries_done = anyio.Event()
         self._tg: TaskGroup | None = None
         self._borrowed = self._released = self._create_failures = 0
+        self._may_exist = 0  # records whose resource may still exist; kept for O(1) borrows
         self._on_change: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
@@ -361,8 +362,7 @@ class Pool(Generic[T]):
             raise UsageError(f"pool {self.name!r} is {self.state}; borrow inside `async with`")
         if self.aborting:
             raise UsageError(f"pool {self.name!r} is aborting; it lends nothing more")
-        held = sum(1 for r in self._records.values() if r.may_exist)
-        if held >= self.limit:
+        if self._may_exist >= self.limit:
             raise PoolExhausted(
                 f"pool {self.name!r}: all {self.limit} slots are held by quarantined resources "
                 "that may still exist; reap them or raise the limit"
@@ -414,6 +414,7 @@ class Pool(Generic[T]):
 
     def _lost_create(self, lease_id: str, reason: str) -> None:
         self._create_failures += 1
+        self._may_exist += 1
         self._records[lease_id] = QuarantineRecord(
             lease_id=f"create-{lease_id}",
             pool=self.name,
@@ -466,6 +467,7 @@ class Pool(Generic[T]):
             reason=reason,
         )
         self._records[lease.id] = record
+        self._may_exist += 1
         self._changed()
         if self._tg is not None and not self.aborting and self.teardown_retries:
             self._retrying += 1
@@ -505,6 +507,7 @@ class Pool(Generic[T]):
             )
             self._changed()
             if done:
+                self._may_exist -= 1
                 self._slots.release()
                 return
 
@@ -528,7 +531,7 @@ class Pool(Generic[T]):
             live=len(self._live),
             released=self._released,
             quarantined=sum(1 for r in records if r.stage == "lease"),
-            may_exist=sum(1 for r in records if r.may_exist),
+            may_exist=self._may_exist,
             creating=len(self._creates),
             create_failures=self._create_failures,
             slots_taken=self.limit - self._slots.value,

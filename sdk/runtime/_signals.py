@@ -9,9 +9,13 @@ drivers attached with `interrupts.attach(driver)`:
 3. abort now: every operation is cut off, what is left is quarantined, and `main` is
    cancelled; `RolloutResources` still writes its quarantine report on the way out.
 
-Each step prints one line on stderr. An interrupted run exits with 130 and no traceback.
-When `run` returns, SIGINT is ignored: it is meant to wrap a script's whole main, and an
-interrupt while the process exits has nothing left to stop.
+SIGTERM, what schedulers and container runtimes send before a SIGKILL, goes straight to
+step 2 (or one step past where the run is): a grace period is too short to drain, but long
+enough for operations to settle and for the report to be written.
+
+Each step prints one line on stderr. An interrupted run exits with 130 (143 after a
+SIGTERM) and no traceback. When `run` returns, both signals are ignored: it is meant to wrap
+a script's whole main, and a signal while the process exits has nothing left to stop.
 """
 
 from __future__ import annotations
@@ -26,21 +30,25 @@ from anyio import CancelScope
 
 from ._driver import DriverState, RolloutDriver
 
-__all__ = ["EXIT_INTERRUPTED", "Interrupts", "run"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "Interrupts", "run"]
 
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, what shells report for a run stopped by Ctrl-C."""
+EXIT_TERMINATED = 143
+"""128 + SIGTERM, for a run stopped by SIGTERM."""
 
 
 class Interrupts:
     """Counts interrupts and applies each step to the attached drivers.
 
     Attributes:
-        count: interrupts received so far.
+        count: the step reached: 0 none, 1 draining, 2 cancelling, 3 or more aborting.
+        terminated: a SIGTERM arrived.
     """
 
     def __init__(self, *, stream: IO[str] | None = None):
         self.count = 0
+        self.terminated = False
         self._stream = stream
         self._drivers: list[RolloutDriver] = []
         self._main: CancelScope | None = None
@@ -62,7 +70,15 @@ class Interrupts:
 
     def interrupt(self) -> None:
         """Take the next step, as if SIGINT had arrived."""
-        self.count += 1
+        self._step(self.count + 1, "second interrupt")
+
+    def terminate(self) -> None:
+        """Cancel the episodes in flight (step 2, or the step after the current one)."""
+        self.terminated = True
+        self._step(max(self.count + 1, 2), "terminated")
+
+    def _step(self, step: int, cancel_cause: str) -> None:
+        self.count = step
         drivers = [d for d in self._drivers if d.state is not DriverState.CLOSED]
         running = sum(d.poll().running for d in drivers)
         if not drivers and self._main is not None:
@@ -78,7 +94,7 @@ class Interrupts:
                 driver.close_admission()
         elif self.count == 2:
             self._say(
-                f"second interrupt: cancelling {running} episodes; remote operations may "
+                f"{cancel_cause}: cancelling {running} episodes; remote operations may "
                 "settle, or are quarantined (Ctrl-C again to abort)"
             )
             for driver in drivers:
@@ -102,7 +118,8 @@ def run(
     """Run `main(interrupts)` with three-step Ctrl-C handling; return the exit code.
 
     Returns:
-        0 when `main` returned without an interrupt, 130 after any interrupt.
+        0 when `main` returned without an interrupt, 143 after a SIGTERM, else 130 after
+        any interrupt.
 
     Example::
 
@@ -137,23 +154,34 @@ def run(
         interrupts._say("interrupted while starting")
     finally:
         # The process is about to exit. Interpreter shutdown resets Python-level handlers
-        # to the default, which would let a late Ctrl-C kill it with -SIGINT instead of 130.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # to the default, which would let a late signal kill it with -SIGINT instead of 130.
+        for signum in _SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+    if interrupts.terminated:
+        return EXIT_TERMINATED
     return EXIT_INTERRUPTED if interrupts.count else 0
 
 
-def _late_interrupt(interrupts: Interrupts) -> None:
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _late_signal(interrupts: Interrupts, signum: int) -> None:
     interrupts.count += 1
-    interrupts._say("interrupt received while finishing; nothing left to stop")
+    interrupts.terminated |= signum == signal.SIGTERM
+    interrupts._say(f"{signal.Signals(signum).name} received while finishing; nothing left to stop")
 
 
 async def _started(interrupts: Interrupts, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
     try:
-        with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        with anyio.open_signal_receiver(*_SIGNALS) as signals:
             task_status.started()
-            async for _ in signals:
-                interrupts.interrupt()
+            async for signum in signals:
+                if signum == signal.SIGTERM:
+                    interrupts.terminate()
+                else:
+                    interrupts.interrupt()
     finally:
-        # Closing the receiver restores the default handler (KeyboardInterrupt anywhere);
-        # from here to the process's end an interrupt has nothing left to stop.
-        signal.signal(signal.SIGINT, lambda *_: _late_interrupt(interrupts))
+        # Closing the receiver restores the default handlers (KeyboardInterrupt anywhere,
+        # or death by SIGTERM); from here to the process's end a signal has nothing to stop.
+        for signum in _SIGNALS:
+            signal.signal(signum, lambda n, _: _late_signal(interrupts, n))
