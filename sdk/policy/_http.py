@@ -10,8 +10,8 @@ probed with `GET /health` before it gets traffic again.
 Requests travel in lanes: httpx clients that each carry at most `LANE_REQUESTS` requests at
 once, a new lane opening when every lane is full. httpx places a request by scanning every
 connection in its pool, so one client shared by C concurrent requests costs O(C) per request
-and O(C^2) in all (measured: 1.2 ms of CPU per request at C=32, 13 ms at C=256); small lanes
-keep the cost per request flat. `bench/runtime_bench.py` measures it.
+(measured by `bench/runtime_bench.py` at C=256: 14 ms of CPU per request with one client,
+1.3 ms with lanes, about what one request costs httpx alone).
 
 Errors are translated at this edge, and whether a failure may be retried depends only on
 whether the request provably never reached the engine:
@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -115,6 +117,7 @@ class HTTPPolicyClient:
         self.retry = retry
         self._headers = dict(headers or {})
         self._lanes: list[_Lane] = []
+        self._ssl: ssl.SSLContext | None = None  # one for all lanes: each costs ~20 ms to load
         self._state = _State.UNOPENED
         self._down_until: dict[str, float] = {}
         self._in_flight: dict[str, int] = dict.fromkeys(self.base_urls, 0)
@@ -151,14 +154,27 @@ class HTTPPolicyClient:
                 f"{type(self).__name__} is {self._state.name}; use it inside `async with`"
             )
 
-    def _lane(self) -> _Lane:
-        """The first lane with room, or a new one."""
+    @contextmanager
+    def _lane(self) -> Iterator[httpx.AsyncClient]:
+        """Carry one request in the first lane with room, or in a new one."""
         self._check_open()
         for lane in self._lanes:
             if lane.in_flight < LANE_REQUESTS:
-                return lane
+                break
+        else:
+            lane = self._open_lane()
+        lane.in_flight += 1
+        try:
+            yield lane.http
+        finally:
+            lane.in_flight -= 1
+
+    def _open_lane(self) -> _Lane:
+        if self._ssl is None:
+            self._ssl = httpx.create_ssl_context()
         lane = _Lane(
             httpx.AsyncClient(
+                verify=self._ssl,
                 timeout=self.timeout.to_httpx(),
                 headers=self._headers,
                 limits=httpx.Limits(
@@ -184,15 +200,12 @@ class HTTPPolicyClient:
         return result
 
     async def _probe(self, url: str) -> bool:
-        lane = self._lane()
-        lane.in_flight += 1
         try:
-            resp = await lane.http.get(url + self._health_path)
+            with self._lane() as http:
+                resp = await http.get(url + self._health_path)
             ok = resp.status_code == 200
         except httpx.HTTPError:
             ok = False
-        finally:
-            lane.in_flight -= 1
         if ok:
             self._down_until.pop(url, None)
         else:
@@ -249,11 +262,10 @@ class HTTPPolicyClient:
         method: str = "POST",
     ) -> Any:
         """One request, errors translated; no retry. Returns the JSON body (or the text)."""
-        lane = self._lane()
-        lane.in_flight += 1
         self._in_flight[url] += 1
         try:
-            resp = await lane.http.request(method, url + path, json=payload, params=params)
+            with self._lane() as http:
+                resp = await http.request(method, url + path, json=payload, params=params)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             self._mark_down(url)
             raise PolicyUnavailable(f"cannot connect to {url}: {e!r}", url=url) from e
@@ -273,7 +285,6 @@ class HTTPPolicyClient:
                 url=url,
             ) from e
         finally:
-            lane.in_flight -= 1
             self._in_flight[url] -= 1
         status = resp.status_code
         if status == 503:

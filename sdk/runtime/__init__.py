@@ -30,7 +30,6 @@ from ._reap import ReapOutcome as ReapOutcome
 from ._reap import ReapResult as ReapResult
 from ._reap import builtin_reapers as builtin_reapers
 from ._reap import process_remote_id as process_remote_id
-from ._reap import reap_e2b_sandbox as reap_e2b_sandbox
 from ._reap import reap_process as reap_process
 from ._reap import reap_report as reap_report
 from ._report import QuarantineRecord as QuarantineRecord
@@ -79,7 +78,6 @@ __all__ = [
     "read_groups",
     "read_jsonl",
     "read_report",
-    "reap_e2b_sandbox",
     "reap_process",
     "reap_report",
     "run",

@@ -169,7 +169,19 @@ class Lease(Generic[T]):
             op.abort()
 
 
+def _first_remote_ref(resource: Any) -> Any:
+    """The first of `resource.remote_refs()` (the `Env` interface), or None."""
+    refs = getattr(resource, "remote_refs", None)
+    if not callable(refs):
+        return None
+    held = refs()
+    return held[0] if held else None
+
+
 def _default_remote_id(resource: Any) -> str | None:
+    ref = _first_remote_ref(resource)
+    if ref is not None:
+        return str(ref.id)
     for attr in ("remote_id", "sandbox_id"):
         value = getattr(resource, attr, None)
         if value is not None:
@@ -197,8 +209,12 @@ class Pool(Generic[T]):
         create: async factory of one resource.
         teardown: async teardown of one resource; default: `await r.aclose()` or `r.close()`.
         name: the pool's name in reports.
-        kind: resource kind, recorded for `plies reap` ("process", "e2b", or your own).
-        remote_id: returns a resource's remote id; default: its `remote_id` or `sandbox_id`.
+        kind: resource kind for `plies reap` ("process", or your own), used when a resource
+            names none (its first `remote_refs()` kind, or its `remote_kind`).
+        remote_id: returns a resource's remote id; default: the id of the first of its
+            `remote_refs()` (an `Env`), else its `remote_id` or `sandbox_id`. Read at create
+            and again at quarantine, so an id that appears later (an env's sandbox, made in
+            `reset`) is reported.
         limit: most resources that may exist at once, quarantined ones included.
         creation_rate: most creates per second (None: unlimited).
         create_timeout: seconds a create may take; past it a resource may exist unseen.
@@ -395,8 +411,7 @@ class Pool(Generic[T]):
                 except Exception as exc:
                     self._create_failures += 1
                     raise LeaseError(f"pool {self.name!r}: create failed: {exc!r}") from exc
-                remote_id = self._remote_id(resource)
-                kind = getattr(resource, "remote_kind", None) or self.kind
+                remote_id, kind = self._locate(resource)
                 made.append(Lease(self, lease_id, resource, remote_id, kind))
                 self._live[lease_id] = made[0]
                 self._borrowed += 1
@@ -456,7 +471,17 @@ class Pool(Generic[T]):
         self._released += 1
         self._slots.release()
 
+    def _locate(self, resource: T) -> tuple[str | None, str]:
+        """The resource's remote id and kind, read now."""
+        ref = _first_remote_ref(resource)
+        kind = ref.kind if ref is not None else getattr(resource, "remote_kind", None)
+        return self._remote_id(resource), kind or self.kind
+
     def _quarantine(self, lease: Lease[T], reason: str) -> None:
+        # Read again: an env makes its sandbox in reset, after the pool created the env.
+        remote_id, kind = self._locate(lease.resource)
+        if remote_id is not None:
+            lease.remote_id, lease.kind = remote_id, kind
         lease.state = LeaseState.QUARANTINED
         lease.reason = reason
         record = QuarantineRecord(

@@ -5,7 +5,8 @@ when the resource was already gone; it raises when it could not tell. Reapers ar
 resource kind and passed in explicitly; `builtin_reapers()` builds the ones plies knows:
 
 - "process": a local process group, by the id `process_remote_id(pid)` recorded;
-- "e2b": an E2B sandbox, by sandbox id (`e2b.AsyncSandbox.kill`; needs `E2B_API_KEY`).
+- "local-sandbox" and "e2b": the sandboxes of `plies.environments`, by sandbox id
+  (`reap_sandbox`; E2B needs `E2B_API_KEY`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -31,7 +33,6 @@ __all__ = [
     "Reaper",
     "builtin_reapers",
     "process_remote_id",
-    "reap_e2b_sandbox",
     "reap_process",
     "reap_report",
 ]
@@ -124,16 +125,15 @@ async def reap_process(remote_id: str) -> bool:
     return True
 
 
-async def reap_e2b_sandbox(remote_id: str) -> bool:
-    """Kill an E2B sandbox by id; False when E2B says it was not found."""
-    from e2b import AsyncSandbox
-
-    return bool(await AsyncSandbox.kill(remote_id))
-
-
 def builtin_reapers() -> dict[str, Reaper]:
     """The reapers plies ships, keyed by resource kind. A new dict each call."""
-    return {"process": reap_process, "e2b": reap_e2b_sandbox}
+    from plies.environments import reap_sandbox
+
+    return {
+        "process": reap_process,
+        "local-sandbox": partial(reap_sandbox, "local-sandbox"),
+        "e2b": partial(reap_sandbox, "e2b"),
+    }
 
 
 async def reap_report(

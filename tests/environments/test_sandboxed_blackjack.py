@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from plies.environments import (
     Task,
 )
 from plies.environments.sandboxed import GAME_FILE, STATE_FILE, game_script
+from plies.runtime import EnvPool, LeaseState, RolloutResources, read_report
 
 pytestmark = pytest.mark.anyio
 
@@ -155,3 +157,36 @@ async def test_a_failed_create_leaves_nothing_behind(cloud):
             await env.reset(Task(id="t", seed=2))
         assert env.remote_refs() == []
     assert cloud.sandboxes == {}
+
+
+async def test_a_quarantined_env_names_its_sandbox_and_plies_reap_kills_it(tmp_path):
+    """The sandbox is made in reset, after the pool created the env; the report still names it."""
+    root = tmp_path / "local"
+    root.mkdir()
+    report_path = tmp_path / "quarantine.json"
+
+    async def make_env() -> SandboxedBlackjackEnv:
+        return SandboxedBlackjackEnv(LocalProcessBackend(root), run_id="reap-test")
+
+    pool = EnvPool(make_env, settle_timeout=0.2, teardown_retries=0)
+    async with (
+        RolloutResources(pools=[pool], report_path=report_path) as res,
+        res.pool("env").borrow() as lease,
+    ):
+        async with lease.operation("reset"):
+            await lease.resource.reset(Task(id="hand", seed=1))
+        with anyio.move_on_after(0.3):
+            async with lease.operation("hit"):
+                await anyio.sleep(30)  # a tool call that hangs past settle_timeout
+    assert lease.state is LeaseState.QUARANTINED
+    (entry,) = read_report(report_path).may_exist
+    assert (entry.kind, entry.remote_id) == ("local-sandbox", lease.resource.sandbox_id)
+    assert Path(entry.remote_id).exists()
+
+    plies = Path(sys.executable).with_name("plies")
+    reap = subprocess.run(
+        [str(plies), "reap", str(report_path)], capture_output=True, text=True, timeout=60
+    )
+    assert reap.returncode == 0, reap.stdout + reap.stderr
+    assert not Path(entry.remote_id).exists()
+    assert read_report(report_path).may_exist == []
