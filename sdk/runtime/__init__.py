@@ -34,6 +34,7 @@ from ._reap import reap_process as reap_process
 from ._reap import reap_report as reap_report
 from ._report import QuarantineRecord as QuarantineRecord
 from ._report import QuarantineReport as QuarantineReport
+from ._report import RemoteHandle as RemoteHandle
 from ._report import read_report as read_report
 from ._resources import ResourcesStatistics as ResourcesStatistics
 from ._resources import RolloutResources as RolloutResources
@@ -68,6 +69,7 @@ __all__ = [
     "ReapOutcome",
     "ReapResult",
     "Reaper",
+    "RemoteHandle",
     "ResourcesStatistics",
     "RolloutDriver",
     "ScopeState",

@@ -29,7 +29,7 @@ from anyio import CancelScope
 from anyio.abc import TaskGroup
 
 from .._exceptions import ConfigError, LeaseError, OperationUnsettled, PoolExhausted, UsageError
-from ._report import QuarantineRecord
+from ._report import QuarantineRecord, RemoteHandle
 from ._settle import Settling, SettlingState
 
 __all__ = [
@@ -169,19 +169,16 @@ class Lease(Generic[T]):
             op.abort()
 
 
-def _first_remote_ref(resource: Any) -> Any:
-    """The first of `resource.remote_refs()` (the `Env` interface), or None."""
+def _remote_refs(resource: Any) -> list[Any]:
+    """What `resource.remote_refs()` (the `Env` interface) names now; [] without it."""
     refs = getattr(resource, "remote_refs", None)
-    if not callable(refs):
-        return None
-    held = refs()
-    return held[0] if held else None
+    return list(refs()) if callable(refs) else []
 
 
 def _default_remote_id(resource: Any) -> str | None:
-    ref = _first_remote_ref(resource)
-    if ref is not None:
-        return str(ref.id)
+    refs = _remote_refs(resource)
+    if refs:
+        return str(refs[0].id)
     for attr in ("remote_id", "sandbox_id"):
         value = getattr(resource, attr, None)
         if value is not None:
@@ -473,8 +470,8 @@ class Pool(Generic[T]):
 
     def _locate(self, resource: T) -> tuple[str | None, str]:
         """The resource's remote id and kind, read now."""
-        ref = _first_remote_ref(resource)
-        kind = ref.kind if ref is not None else getattr(resource, "remote_kind", None)
+        refs = _remote_refs(resource)
+        kind = refs[0].kind if refs else getattr(resource, "remote_kind", None)
         return self._remote_id(resource), kind or self.kind
 
     def _quarantine(self, lease: Lease[T], reason: str) -> None:
@@ -489,6 +486,10 @@ class Pool(Generic[T]):
             pool=self.name,
             kind=lease.kind,
             remote_id=lease.remote_id,
+            also_held=[
+                RemoteHandle(kind=ref.kind, remote_id=str(ref.id))
+                for ref in _remote_refs(lease.resource)[1:]
+            ],
             reason=reason,
         )
         self._records[lease.id] = record

@@ -145,9 +145,28 @@ async def reap_report(
 ) -> list[ReapResult]:
     """Try each reaper on what the report at `path` says may still exist.
 
-    Entries torn down are marked in the report (rewritten atomically), so a second run skips
-    them. Returns one result per entry that may still exist.
+    An entry is marked torn down in the report (rewritten atomically) once everything it
+    names, `remote_id` and `also_held`, was torn down or found gone, so a second run skips
+    it. Returns one result per remote thing of each entry that may still exist.
     """
+
+    async def reap(lease_id: str, kind: str, remote_id: str | None) -> ReapResult:
+        reaper = reapers.get(kind)
+        if remote_id is None or reaper is None:
+            why = "no remote id recorded" if remote_id is None else "no reaper for kind"
+            return ReapResult(lease_id, kind, remote_id, ReapOutcome.SKIPPED, why)
+        if dry_run:
+            return ReapResult(lease_id, kind, remote_id, ReapOutcome.PLANNED)
+        try:
+            with anyio.fail_after(timeout):
+                killed = await reaper(remote_id)
+        except Exception as exc:
+            detail = f"timed out after {timeout:g}s" if isinstance(exc, TimeoutError) else repr(exc)
+            return ReapResult(lease_id, kind, remote_id, ReapOutcome.FAILED, detail)
+        return ReapResult(
+            lease_id, kind, remote_id, ReapOutcome.KILLED if killed else ReapOutcome.GONE
+        )
+
     path = Path(path)
     report = read_report(path)
     results: list[ReapResult] = []
@@ -155,30 +174,12 @@ async def reap_report(
     for i, entry in enumerate(entries):
         if not entry.may_exist:
             continue
-        reaper = reapers.get(entry.kind)
-        if entry.remote_id is None or reaper is None:
-            why = "no remote id recorded" if entry.remote_id is None else "no reaper for kind"
-            results.append(
-                ReapResult(entry.lease_id, entry.kind, entry.remote_id, ReapOutcome.SKIPPED, why)
-            )
-            continue
-        if dry_run:
-            results.append(
-                ReapResult(entry.lease_id, entry.kind, entry.remote_id, ReapOutcome.PLANNED)
-            )
-            continue
-        try:
-            with anyio.fail_after(timeout):
-                killed = await reaper(entry.remote_id)
-        except Exception as exc:
-            detail = f"timed out after {timeout:g}s" if isinstance(exc, TimeoutError) else repr(exc)
-            results.append(
-                ReapResult(entry.lease_id, entry.kind, entry.remote_id, ReapOutcome.FAILED, detail)
-            )
-            continue
-        outcome = ReapOutcome.KILLED if killed else ReapOutcome.GONE
-        results.append(ReapResult(entry.lease_id, entry.kind, entry.remote_id, outcome))
-        entries[i] = entry.model_copy(update={"torn_down": True, "reaped_at": time.time()})
+        targets = [(entry.kind, entry.remote_id)]
+        targets += [(h.kind, h.remote_id) for h in entry.also_held]
+        outcomes = [await reap(entry.lease_id, kind, rid) for kind, rid in targets]
+        results += outcomes
+        if all(r.outcome in (ReapOutcome.KILLED, ReapOutcome.GONE) for r in outcomes):
+            entries[i] = entry.model_copy(update={"torn_down": True, "reaped_at": time.time()})
     if not dry_run and entries != report.entries:
         write_report(path, report.model_copy(update={"entries": entries}))
     return results
@@ -197,5 +198,5 @@ def reap_command(path: Path, *, dry_run: bool, timeout: float) -> int:
         detail = f" ({r.detail})" if r.detail else ""
         print(f"{r.outcome.value:8} {r.kind} {r.remote_id} [{r.lease_id}]{detail}")
     left = [r for r in results if r.outcome in (ReapOutcome.FAILED, ReapOutcome.SKIPPED)]
-    print(f"{len(results)} entries may have existed; {len(left)} may still exist")
+    print(f"{len(results)} remote things may have existed; {len(left)} may still exist")
     return 1 if left else 0

@@ -18,9 +18,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._exceptions import ConfigError
 
-__all__ = ["QuarantineRecord", "QuarantineReport", "read_report", "write_report"]
+__all__ = ["QuarantineRecord", "QuarantineReport", "RemoteHandle", "read_report", "write_report"]
 
 REPORT_VERSION = 1
+
+
+class RemoteHandle(BaseModel):
+    """One more remote thing a quarantined resource held (an env with several remote refs)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field(description="Its kind; `plies reap` picks a reaper by it.")
+    remote_id: str = Field(description="Its remote id.")
 
 
 class QuarantineRecord(BaseModel):
@@ -32,6 +41,10 @@ class QuarantineRecord(BaseModel):
     pool: str = Field(description="Name of the pool that lent it.")
     kind: str = Field(description="Resource kind; `plies reap` picks a reaper by it.")
     remote_id: str | None = Field(description="Remote id (sandbox id, process id), if known.")
+    also_held: list[RemoteHandle] = Field(
+        default_factory=list,
+        description="Further remote things the resource held; reaped with it.",
+    )
     reason: str = Field(description="Why it was quarantined.")
     stage: str = Field(default="lease", description="`lease`, or `create` for a lost create.")
     quarantined_at: float = Field(default_factory=time.time, description="Unix time.")

@@ -13,6 +13,7 @@ import pytest
 from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server
 
 from plies import LeaseError, PolicyRef, Status, Trajectory, UsageError
+from plies.environments import RemoteRef
 from plies.runtime import (
     EnvPool,
     GroupSpec,
@@ -160,7 +161,7 @@ async def test_hanging_teardown_is_quarantined_and_the_run_goes_on(tmp_path):
             text=True,
             timeout=60,
         )
-        assert again.returncode == 0 and "0 entries may have existed" in again.stdout
+        assert again.returncode == 0 and "0 remote things may have existed" in again.stdout
     finally:
         for proc in made:
             kill_group(proc.pid)
@@ -254,3 +255,54 @@ async def test_episode_results_and_errors_settle_with_status():
         assert group.trajectories[1].error == "builtins.ValueError: bad move"
         assert "returned str, not a Trajectory" in group.trajectories[2].error
         assert group.complete
+
+
+class TwoProcesses:
+    """A resource holding two remote things, named by `remote_refs()` as an `Env` names them."""
+
+    def __init__(self, first: OpProcess, second: OpProcess):
+        self.parts = (first, second)
+
+    def remote_refs(self) -> list[RemoteRef]:
+        return [RemoteRef(kind="process", id=part.remote_id) for part in self.parts]
+
+    async def aclose(self) -> None:
+        for part in self.parts:
+            await part.aclose()
+
+
+async def test_every_remote_thing_a_quarantined_resource_holds_is_reported_and_reaped(tmp_path):
+    report_path = tmp_path / "quarantine.json"
+    made: list[OpProcess] = []
+
+    async def create() -> TwoProcesses:
+        made.append(await spawn_op_server())
+        made.append(await spawn_op_server())
+        return TwoProcesses(*made[-2:])
+
+    pool = EnvPool(create, settle_timeout=0.2, teardown_retries=0)
+    try:
+        async with (
+            RolloutResources(pools=[pool], report_path=report_path) as res,
+            res.pool("env").borrow() as lease,
+        ):
+            with anyio.move_on_after(0.3):
+                async with lease.operation("step"):
+                    await anyio.sleep(30)  # a remote call that hangs past settle_timeout
+        assert lease.state is LeaseState.QUARANTINED
+        (entry,) = read_report(report_path).may_exist
+        assert (entry.kind, entry.remote_id) == ("process", made[0].remote_id)
+        assert [(h.kind, h.remote_id) for h in entry.also_held] == [("process", made[1].remote_id)]
+        assert all(alive(part.pid) for part in made)
+
+        reap = subprocess.run(
+            [PLIES, "reap", str(report_path)], capture_output=True, text=True, timeout=60
+        )
+        assert reap.returncode == 0, reap.stdout + reap.stderr
+        assert reap.stdout.count("killed   process") == 2, reap.stdout
+        assert not any(alive(part.pid) for part in made)
+        assert read_report(report_path).may_exist == []
+    finally:
+        for part in made:
+            kill_group(part.pid)
+            await part.process.aclose()
