@@ -408,7 +408,7 @@ class Pool(Generic[T]):
                 except Exception as exc:
                     self._create_failures += 1
                     raise LeaseError(f"pool {self.name!r}: create failed: {exc!r}") from exc
-                remote_id, kind = self._locate(resource)
+                remote_id, kind, _ = self._locate(resource)
                 made.append(Lease(self, lease_id, resource, remote_id, kind))
                 self._live[lease_id] = made[0]
                 self._borrowed += 1
@@ -468,15 +468,23 @@ class Pool(Generic[T]):
         self._released += 1
         self._slots.release()
 
-    def _locate(self, resource: T) -> tuple[str | None, str]:
-        """The resource's remote id and kind, read now."""
-        refs = _remote_refs(resource)
-        kind = refs[0].kind if refs else getattr(resource, "remote_kind", None)
-        return self._remote_id(resource), kind or self.kind
+    def _locate(self, resource: T) -> tuple[str | None, str, list[RemoteHandle]]:
+        """The resource's remote id, kind and further remote things, read now.
+
+        This runs on the way to recording a resource, so a failure to read them (user code)
+        must not lose the record: it leaves the id unknown, which `plies reap` reports.
+        """
+        try:
+            refs = _remote_refs(resource)
+            kind = refs[0].kind if refs else getattr(resource, "remote_kind", None)
+            also = [RemoteHandle(kind=r.kind, remote_id=str(r.id)) for r in refs[1:]]
+            return self._remote_id(resource), kind or self.kind, also
+        except Exception:
+            return None, self.kind, []
 
     def _quarantine(self, lease: Lease[T], reason: str) -> None:
         # Read again: an env makes its sandbox in reset, after the pool created the env.
-        remote_id, kind = self._locate(lease.resource)
+        remote_id, kind, also_held = self._locate(lease.resource)
         if remote_id is not None:
             lease.remote_id, lease.kind = remote_id, kind
         lease.state = LeaseState.QUARANTINED
@@ -486,10 +494,7 @@ class Pool(Generic[T]):
             pool=self.name,
             kind=lease.kind,
             remote_id=lease.remote_id,
-            also_held=[
-                RemoteHandle(kind=ref.kind, remote_id=str(ref.id))
-                for ref in _remote_refs(lease.resource)[1:]
-            ],
+            also_held=also_held,
             reason=reason,
         )
         self._records[lease.id] = record

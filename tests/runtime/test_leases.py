@@ -306,3 +306,33 @@ async def test_every_remote_thing_a_quarantined_resource_holds_is_reported_and_r
         for part in made:
             kill_group(part.pid)
             await part.process.aclose()
+
+
+async def test_a_resource_whose_remote_refs_raise_is_still_lent_and_recorded(tmp_path):
+    """Reading the ids is user code; when it fails the record keeps an unknown id."""
+    report_path = tmp_path / "quarantine.json"
+    closed: list[bool] = []
+
+    class Unreadable:
+        def remote_refs(self) -> list[RemoteRef]:
+            raise RuntimeError("lost track of its sandbox")
+
+        async def aclose(self) -> None:
+            closed.append(True)
+
+    async def create() -> Unreadable:
+        return Unreadable()
+
+    pool = EnvPool(create, kind="sandbox", settle_timeout=0.1, teardown_retries=0)
+    async with RolloutResources(pools=[pool], report_path=report_path) as res:
+        async with res.pool("env").borrow() as lease, lease.operation("step"):
+            pass  # settles: released through aclose
+        async with res.pool("env").borrow() as lease:
+            with anyio.move_on_after(0.1):
+                async with lease.operation("step"):
+                    await anyio.sleep(30)
+        stats = res.statistics()
+    assert closed == [True] and lease.state is LeaseState.QUARANTINED
+    assert stats.borrowed == 2 and stats.released == 1 and stats.quarantined == 1
+    (entry,) = read_report(report_path).may_exist
+    assert (entry.kind, entry.remote_id, entry.also_held) == ("sandbox", None, [])
