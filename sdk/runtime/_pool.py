@@ -175,10 +175,7 @@ def _remote_refs(resource: Any) -> list[Any]:
     return list(refs()) if callable(refs) else []
 
 
-def _default_remote_id(resource: Any) -> str | None:
-    refs = _remote_refs(resource)
-    if refs:
-        return str(refs[0].id)
+def _attribute_remote_id(resource: Any) -> str | None:
     for attr in ("remote_id", "sandbox_id"):
         value = getattr(resource, attr, None)
         if value is not None:
@@ -272,7 +269,7 @@ class Pool(Generic[T]):
         self.retry_backoff = retry_backoff
         self._create = create
         self._teardown = teardown or _default_teardown
-        self._remote_id = remote_id or _default_remote_id
+        self._remote_id = remote_id
         self.state = ScopeState.UNOPENED
         self.aborting = False
         self._slots = anyio.Semaphore(limit)
@@ -476,9 +473,15 @@ class Pool(Generic[T]):
         """
         try:
             refs = _remote_refs(resource)
+            if self._remote_id is not None:
+                remote_id = self._remote_id(resource)
+            elif refs:
+                remote_id = str(refs[0].id)
+            else:
+                remote_id = _attribute_remote_id(resource)
             kind = refs[0].kind if refs else getattr(resource, "remote_kind", None)
             also = [RemoteHandle(kind=r.kind, remote_id=str(r.id)) for r in refs[1:]]
-            return self._remote_id(resource), kind or self.kind, also
+            return remote_id, kind or self.kind, also
         except Exception:
             return None, self.kind, []
 

@@ -80,3 +80,12 @@ def kill_group(pid: int) -> None:
     """Last-resort cleanup for a test that failed half way."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, 9)
+
+
+async def take(driver, n: int):
+    """The driver's next `n` complete groups, as they come."""
+    async for group in driver.groups():
+        yield group
+        n -= 1
+        if not n:
+            return

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server
+from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server, take
 
 from plies import LeaseError, PolicyRef, Status, Trajectory, UsageError
 from plies.environments import RemoteRef
@@ -127,7 +127,7 @@ async def test_hanging_teardown_is_quarantined_and_the_run_goes_on(tmp_path):
                 with anyio.fail_after(30):
                     for i in range(4):
                         await driver.admit(GroupSpec(f"t{i}"))
-                        (group,) = [g async for g in _take(driver, 1)]
+                        (group,) = [g async for g in take(driver, 1)]
                         assert group.trajectories[0].status is Status.COMPLETED
                 driver.close_admission()
             stats = res.statistics()
@@ -167,14 +167,6 @@ async def test_hanging_teardown_is_quarantined_and_the_run_goes_on(tmp_path):
             kill_group(proc.pid)
 
 
-async def _take(driver, n):
-    async for group in driver.groups():
-        yield group
-        n -= 1
-        if not n:
-            return
-
-
 async def test_create_failure_and_misuse_are_typed():
     async def broken():
         raise OSError("no capacity")
@@ -190,7 +182,7 @@ async def test_create_failure_and_misuse_are_typed():
     async with RolloutResources(pools=[pool]) as res:
         async with RolloutDriver(res, episode, policy=REF) as driver:
             await driver.admit(GroupSpec("t", size=2))
-            (group,) = [g async for g in _take(driver, 1)]
+            (group,) = [g async for g in take(driver, 1)]
         for traj in group.trajectories:
             assert traj.status is Status.FAILED
             assert traj.error.startswith("plies.LeaseError: pool 'env': create failed")
@@ -248,7 +240,7 @@ async def test_episode_results_and_errors_settle_with_status():
             admitted = await driver.admit(GroupSpec("t", size=3))
             assert admitted.policy == REF
             driver.set_policy(REF.model_copy(update={"version": 1}))
-            (group,) = [g async for g in _take(driver, 1)]
+            (group,) = [g async for g in take(driver, 1)]
         statuses = [t.status for t in group.trajectories]
         assert statuses == [Status.TRUNCATED, Status.FAILED, Status.FAILED]
         assert group.trajectories[0].task_id == "t" and group.policy.version == 0

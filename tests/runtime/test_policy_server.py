@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server
+from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server, take
 
 from plies import PolicyRef, Status, Turn
 from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
@@ -86,7 +86,7 @@ async def test_killing_the_policy_server_fails_episodes_with_a_typed_error(polic
                         await anyio.sleep(0.05)
                 server.send_signal(signal.SIGKILL)
                 with anyio.fail_after(60):  # nothing hangs
-                    groups = [g async for g in _take(driver, 2)]
+                    groups = [g async for g in take(driver, 2)]
                 stats = driver.poll()
             assert stats.running == 0 and stats.settled[Status.FAILED] == 4
             for group in groups:
@@ -106,11 +106,3 @@ async def test_killing_the_policy_server_fails_episodes_with_a_typed_error(polic
     finally:
         for proc in made:
             kill_group(proc.pid)
-
-
-async def _take(driver, n):
-    async for group in driver.groups():
-        yield group
-        n -= 1
-        if not n:
-            return
