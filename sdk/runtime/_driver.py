@@ -414,6 +414,7 @@ class RolloutDriver:
                     "lease": lease.id,
                     "kind": lease.kind,
                     "remote_id": lease.remote_id,
+                    "also_held": [held.model_dump() for held in lease.also_held],
                     "reason": lease.reason,
                 }
                 for lease in quarantined

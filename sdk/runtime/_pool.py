@@ -103,11 +103,22 @@ class Lease(Generic[T]):
         resource: what the pool's factory created.
         remote_id: the remote id (sandbox id, process id) when the resource has one.
         kind: the resource kind, which picks a reaper in `plies reap`.
+        also_held: further remote things the resource held, read at quarantine.
         state: a `LeaseState`.
         reason: why it was quarantined, when it was.
     """
 
-    __slots__ = ("_ops", "_pool", "id", "kind", "reason", "remote_id", "resource", "state")
+    __slots__ = (
+        "_ops",
+        "_pool",
+        "also_held",
+        "id",
+        "kind",
+        "reason",
+        "remote_id",
+        "resource",
+        "state",
+    )
 
     def __init__(self, pool: Pool[T], lease_id: str, resource: T, remote_id: str | None, kind: str):
         self._pool = pool
@@ -115,6 +126,7 @@ class Lease(Generic[T]):
         self.resource = resource
         self.remote_id = remote_id
         self.kind = kind
+        self.also_held: list[RemoteHandle] = []
         self.state = LeaseState.BORROWED
         self.reason: str | None = None
         self._ops: list[Settling] = []
@@ -490,6 +502,7 @@ class Pool(Generic[T]):
         remote_id, kind, also_held = self._locate(lease.resource)
         if remote_id is not None:
             lease.remote_id, lease.kind = remote_id, kind
+        lease.also_held = also_held
         lease.state = LeaseState.QUARANTINED
         lease.reason = reason
         record = QuarantineRecord(

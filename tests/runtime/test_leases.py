@@ -285,6 +285,7 @@ async def test_every_remote_thing_a_quarantined_resource_holds_is_reported_and_r
         (entry,) = read_report(report_path).may_exist
         assert (entry.kind, entry.remote_id) == ("process", made[0].remote_id)
         assert [(h.kind, h.remote_id) for h in entry.also_held] == [("process", made[1].remote_id)]
+        assert lease.also_held == entry.also_held  # what the driver copies to the trajectory
         assert all(alive(part.pid) for part in made)
 
         reap = subprocess.run(
