@@ -18,7 +18,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from plies import models
+from plies.testing import qwen3_tokenizer_dir
 from plies.tokens import ChatRenderer
 
 WEATHER = {
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--template", default="qwen3", help="a TRL template name, e.g. qwen3")
     args = parser.parse_args()
 
-    tok = AutoTokenizer.from_pretrained(models.qwen3_tokenizer_dir())
+    tok = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
     import trl
 
     tok.chat_template = (

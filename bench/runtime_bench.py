@@ -23,11 +23,12 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 STANDIN_TOKENS = 8
 
@@ -200,6 +201,7 @@ async def measure(
     from plies import PolicyRef, Turn
     from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
     from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
+    from plies.tokens import PromptDelta
 
     ref = PolicyRef(uri="plies://bench/policies/0", version=0)
     params = SamplingParams(max_tokens=STANDIN_TOKENS)
@@ -221,16 +223,7 @@ async def measure(
             for k in range(turns):
                 async with lease.operation("sample"):
                     c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
-                ctx.add_turn(
-                    Turn(
-                        prompt_ids=prompt if k == 0 else [5],
-                        extends=k > 0,
-                        completion_ids=c.ids,
-                        logprobs=c.logprobs,
-                        finish_reason=c.finish_reason,
-                        policy=c.policy,
-                    )
-                )
+                ctx.add_turn(Turn.from_completion(PromptDelta(prompt if k == 0 else [5], k > 0), c))
                 recorded.append(time.perf_counter())
         return ctx.trajectory
 
@@ -298,13 +291,14 @@ def main() -> None:
 
     import anyio
 
-    engine = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "--latency", str(args.latency)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        url = json.loads(engine.stdout.readline())["url"]
+    from plies.testing import serve_process_sync
+
+    standin = [sys.executable, __file__, "--serve", "--latency", str(args.latency)]
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        serve_process_sync(standin, log=Path(tmp) / "engine.log", ready_timeout=60) as engine,
+    ):
+        url = engine.url
         print(
             f"stand-in engine (bench only, separate process) at {url}: answers after "
             f"L = {args.latency * 1000:g} ms; {args.turns} turns/episode; window "
@@ -327,9 +321,6 @@ def main() -> None:
                     f"{cpu_us:>7.0f}us {row.start_s * 1000:>8.0f}ms",
                     flush=True,
                 )
-    finally:
-        engine.kill()
-        engine.wait()
 
 
 if __name__ == "__main__":

@@ -10,19 +10,16 @@ same prompts and the same number of new tokens, and prints tokens/s and the rati
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
+from pathlib import Path
 
 import anyio
 import torch
 from transformers import AutoModelForCausalLM
 
-from plies import models
 from plies.policy import SamplingParams, Timeout, VLLMClient
+from plies.testing import plies_command, serve_process_sync, tiny_model_dir
 
 LEVELS = (1, 8, 32)
 
@@ -79,21 +76,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model_dir = models.tiny_model_dir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with tempfile.TemporaryDirectory() as state:
-        cmd = [sys.executable, "-c", "from plies.cli import app; app()", "serve", str(model_dir)]
-        cmd += ["--state-dir", state, "--threads", str(args.threads)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        try:
-            ready = json.loads(proc.stdout.readline())
+    model_dir = tiny_model_dir()
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = plies_command("serve", str(model_dir), "--state-dir", str(Path(tmp) / "state"))
+        cmd += ["--threads", str(args.threads)]
+        with serve_process_sync(cmd, log=Path(tmp) / "serve.log") as server:
             rates = {
-                c: anyio.run(server_rate, ready["url"], ready["model"], c, args.tokens)
+                c: anyio.run(server_rate, server.url, server.ready["model"], c, args.tokens)
                 for c in LEVELS
             }
-        finally:
-            proc.terminate()
-            proc.wait(30)
     baseline = generate_rate(model_dir, args.tokens, 4)
     print(f"tiny Qwen3, {args.tokens} new tokens per request, {args.threads} torch thread(s)")
     print(f"{'sampler':<34}{'tokens/s':>10}{'vs generate':>14}")

@@ -1,18 +1,22 @@
 """Environments: the `Env` base class and its tools, and Blackjack three ways.
 
-- `Env`, `tool`, `Task`, `Observation`, `ToolResult`, `Tool`, `RemoteRef`: write your own env.
+- `Env`, `tool`, `Task`, `Observation`, `ToolResult`, `Tool`, `ToolError`, `RemoteRef`: write
+  your own env (`ToolError` and `RemoteRef` are re-exported from `plies` and `plies.runtime`).
 - `BlackjackEnv`: Blackjack in process.
 - `OpenEnvEnv` and `OpenEnvEndpoint`: drive any OpenEnv server through OpenEnv's own client;
   `python -m plies.environments.openenv_server` serves Blackjack as one.
 - `SandboxedBlackjackEnv`: the trusted game script run in one sandbox per episode, through a
-  `SandboxBackend`: `LocalProcessBackend` or `E2BBackend`; `reap_sandbox` kills one by id.
+  `SandboxBackend`: `LocalProcessBackend` or `E2BBackend`; `reap_sandbox` kills one by id and
+  `sandbox_reapers()` hands `plies reap` a reaper per sandbox kind.
 
 The `openenv` and `e2b` packages are imported only when an env first needs them.
 """
 
+from plies import ToolError as ToolError
+from plies.runtime import RemoteRef as RemoteRef
+
 from ._env import Env as Env
 from ._env import Observation as Observation
-from ._env import RemoteRef as RemoteRef
 from ._env import Task as Task
 from ._env import Tool as Tool
 from ._env import ToolResult as ToolResult
@@ -26,6 +30,7 @@ from .sandbox import LocalProcessBackend as LocalProcessBackend
 from .sandbox import Sandbox as Sandbox
 from .sandbox import SandboxBackend as SandboxBackend
 from .sandbox import reap_sandbox as reap_sandbox
+from .sandbox import sandbox_reapers as sandbox_reapers
 from .sandboxed import SandboxedBlackjackEnv as SandboxedBlackjackEnv
 
 __all__ = [
@@ -43,8 +48,10 @@ __all__ = [
     "SandboxedBlackjackEnv",
     "Task",
     "Tool",
+    "ToolError",
     "ToolResult",
     "reap_sandbox",
+    "sandbox_reapers",
     "tool",
 ]
 

@@ -6,8 +6,8 @@
   and whether the call was refused.
 - `Tool`: one callable tool with its OpenAI-style JSON schema.
 - `tool`: the decorator that turns an `Env` method into a `Tool`.
-- `RemoteRef`: a piece of remote state an env holds (a sandbox, a server session), named so
-  that a quarantine report can find and reap it later.
+- `RemoteRef` (from `plies.runtime`): a piece of remote state an env holds (a sandbox, a
+  server session), named so that a quarantine report can find and reap it later.
 
 An `Env` is single-use: one instance plays one episode, then is closed. Whatever is
 shared between episodes (a server's session limit, a sandbox backend) belongs to the object
@@ -16,7 +16,6 @@ that creates the envs.
 
 from __future__ import annotations
 
-import enum
 import inspect
 import json
 from abc import ABC, abstractmethod
@@ -27,14 +26,14 @@ from typing import Any, ClassVar, Self, get_type_hints
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from plies._exceptions import EnvError, ToolError, UsageError
+from plies import AsyncLifecycle, EnvError, OpenState, ToolError, UsageError
+from plies.runtime import RemoteRef
 
 __all__ = [
     "DEFAULT_CLOSE_TIMEOUT_S",
     "Env",
     "Message",
     "Observation",
-    "RemoteRef",
     "Task",
     "Tool",
     "ToolResult",
@@ -87,16 +86,6 @@ class ToolResult(BaseModel):
         description="True when the call was refused (unknown tool, bad arguments): the "
         "model gets the message and may try again; the env's state did not change.",
     )
-
-
-class RemoteRef(BaseModel):
-    """Remote state an env holds, named so that it can be reported and reaped later."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: str = Field(description="What it is, e.g. 'e2b', 'local-sandbox', 'openenv-session'.")
-    id: str = Field(description="The remote id: enough, with `kind`, to tear it down.")
-    detail: dict[str, str] = Field(default_factory=dict, description="Where it lives, etc.")
 
 
 ToolFn = Callable[[dict[str, Any]], Awaitable["ToolResult | str"]]
@@ -218,15 +207,13 @@ def describe_validation_error(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
-class _State(enum.Enum):
-    NEW = "new"  # made, not reset yet
-    RUNNING = "running"  # reset; tools may be called
-    DONE = "done"  # a tool said done; only close is left
-    CLOSED = "closed"  # torn down
-
-
-class Env(ABC):
+class Env(AsyncLifecycle, ABC):
     """An async, single-use environment: one instance plays one episode, then is closed.
+
+    Its lifetime is `lifecycle`, an `OpenState`: `reset` opens it, `close` closes it. Whether
+    the episode is `done` is kept beside it, since a done env is still open (only close is left).
+    It is a `plies.runtime.HoldsRemote`: a pool reads `remote_refs()` to report what an env
+    it could not tear down still holds.
 
     Subclasses implement `setup` (start the episode, return the opening messages) and
     declare tools with `@tool`. If they hold anything remote, they implement `teardown`
@@ -273,7 +260,7 @@ class Env(ABC):
         cls._class_tools = found
 
     def __init__(self) -> None:
-        self._state = _State.NEW
+        self._done = False
         self._lock = anyio.Lock()
         self._tools: dict[str, Tool] | None = None
 
@@ -288,7 +275,7 @@ class Env(ABC):
         soon as it exists.
         """
 
-    async def teardown(self) -> None:  # noqa: B027 - optional hook: most envs hold nothing
+    async def teardown(self) -> None:
         """Release what `setup` and the tools acquired. Called at most once per success."""
 
     def remote_refs(self) -> list[RemoteRef]:
@@ -314,7 +301,7 @@ class Env(ABC):
     @property
     def done(self) -> bool:
         """True once a tool result said the episode is over."""
-        return self._state is _State.DONE
+        return self._done
 
     async def reset(self, task: Task) -> Observation:
         """Start the episode for `task`; returns the opening messages and the tool schemas.
@@ -323,12 +310,13 @@ class Env(ABC):
             UsageError: the env was reset before (envs are single-use) or is closed.
         """
         async with self._lock:
-            if self._state is not _State.NEW:
+            if self.lifecycle is not OpenState.UNOPENED:
+                was = "reset" if self.lifecycle is OpenState.OPEN else "closed"
                 raise UsageError(
-                    f"{type(self).__name__} is single-use and was already {self._state.value}; "
+                    f"{type(self).__name__} is single-use and was already {was}; "
                     "make a new env for each episode"
                 )
-            self._state = _State.RUNNING
+            self._open()
             obs = await self.setup(task)
             return obs.model_copy(update={"tools": [t.schema() for t in self.tools()]})
 
@@ -342,9 +330,10 @@ class Env(ABC):
             UsageError: called before `reset`, after the episode is done, or after close.
         """
         async with self._lock:
-            if self._state is not _State.RUNNING:
+            if self.lifecycle is not OpenState.OPEN or self._done:
+                now = "done" if self.lifecycle is OpenState.OPEN else self._unusable()
                 raise UsageError(
-                    f"call_tool({name!r}) on an env that is {self._state.value}: "
+                    f"call_tool({name!r}) on an env that is {now}: "
                     "tools can be called after reset and until a result says done"
                 )
             tools = {t.name: t for t in self.tools()}
@@ -358,7 +347,7 @@ class Env(ABC):
                 return ToolResult(content=f"Error: {err}", error=True)
             result = out if isinstance(out, ToolResult) else ToolResult(content=str(out))
             if result.done:
-                self._state = _State.DONE
+                self._done = True
             return result
 
     async def close(self) -> None:
@@ -369,7 +358,7 @@ class Env(ABC):
                 remote state in `remote_refs()` may still exist, and calling `close` again
                 retries.
         """
-        if self._state is _State.CLOSED:
+        if self.lifecycle is OpenState.CLOSED:
             return
         with anyio.CancelScope(shield=True):
             try:
@@ -387,19 +376,16 @@ class Env(ABC):
                     f"{type(self).__name__} teardown failed: {type(err).__name__}: {err}; "
                     f"still held: {self.remote_refs()}"
                 ) from err
-        self._state = _State.CLOSED
+        self._close()
+
+    def _unusable(self) -> str:
+        return "not reset yet" if self.lifecycle is OpenState.UNOPENED else "closed"
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    def __enter__(self) -> None:
-        raise TypeError(f"{type(self).__name__} is async: use `async with {type(self).__name__}()`")
-
-    def __exit__(self, *exc_info: object) -> None:  # noqa: B027 - never reached: __enter__ refuses
-        pass
 
     # -- internals -------------------------------------------------------------------------
 

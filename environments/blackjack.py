@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
-from plies._exceptions import ToolError, UsageError
+from plies import ToolError, UsageError
 
 from ._blackjack_game import DECK, RULES, BlackjackGame, IllegalMove, draw, total, usable_ace
 from ._env import Env, Observation, Task, ToolResult, tool

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
-from plies._exceptions import SandboxError
+from plies import SandboxError
 
 from .sandbox import CommandResult
 

@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
-from plies._exceptions import ConfigError, EnvCapacityError, EnvError, ToolError
+from plies import ConfigError, EnvCapacityError, EnvError, ToolError
+from plies.runtime import RemoteRef
 
-from ._env import Env, Message, Observation, RemoteRef, Task, Tool, ToolResult, strip_titles
+from ._env import Env, Message, Observation, Task, Tool, ToolResult, strip_titles
 
 if TYPE_CHECKING:
     from openenv.core import GenericEnvClient

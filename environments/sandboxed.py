@@ -19,9 +19,10 @@ from typing import Any
 
 import anyio
 
-from plies._exceptions import SandboxError, ToolError
+from plies import SandboxError, ToolError
+from plies.runtime import RemoteRef
 
-from ._env import Env, Observation, RemoteRef, Task, ToolResult, tool
+from ._env import Env, Observation, Task, ToolResult, tool
 from .blackjack import new_seed
 from .sandbox import Sandbox, SandboxBackend, new_episode_id
 

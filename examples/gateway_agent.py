@@ -65,19 +65,20 @@ def agent(system: str | None = None) -> int:
 
 async def train(args: argparse.Namespace) -> None:
     """Play groups of hands through the gateway and train on them."""
-    import os
-    import subprocess
+    import tempfile
     import uuid
     from collections import Counter
+    from pathlib import Path
 
     import anyio
     from transformers import AutoTokenizer
 
-    from plies import Group, PolicyRef, models
+    from plies import Group, PolicyRef
     from plies.environments import BlackjackEnv, Task
     from plies.gateway import Gateway, GatewayServer
     from plies.harness import GatewayHarness
-    from plies.policy import SamplingParams, VLLMClient
+    from plies.policy import SamplingParams, VLLMClient, publish
+    from plies.testing import plies_command, serve_process, tiny_model_dir
     from plies.tokens import ChatRenderer
     from plies.training import (
         AdamParams,
@@ -87,15 +88,11 @@ async def train(args: argparse.Namespace) -> None:
         training_groups,
     )
 
-    model_dir = args.model_dir or models.tiny_model_dir()
-    serve = [sys.executable, "-c", "from plies.cli import app; app()", "serve", str(model_dir)]
-    server_proc = subprocess.Popen(
-        [*serve, "--port", "0", "--threads", "1"],
-        stdout=subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    try:
-        ready = json.loads(server_proc.stdout.readline())
+    model_dir = args.model_dir or tiny_model_dir()
+    serve = plies_command("serve", str(model_dir), "--port", "0", "--threads", "1")
+    log = Path(tempfile.mkdtemp(prefix="plies-gateway-agent-")) / "serve.log"
+    async with serve_process(serve, log=log) as reference:
+        ready = reference.ready
         policy = PolicyRef.model_validate(ready["policy"])
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         sampling = SamplingParams(max_tokens=48, temperature=1.0)
@@ -153,12 +150,9 @@ async def train(args: argparse.Namespace) -> None:
                 result = await trainer.forward_backward(batch, loss="importance_sampling")
                 await trainer.optim_step(AdamParams(lr=args.lr))
                 policy = await trainer.save_policy()
-                await trainer.publish(policy, [sampler])  # served as policy-<version>
+                await publish(policy, [sampler])  # served as policy-<version>
                 gateway.policy = policy  # the next turns sample the new policy
                 print(f"  trained: {result}\n  published policy version {policy.version}")
-    finally:
-        server_proc.terminate()
-        server_proc.wait(30)
 
 
 def main() -> int:

@@ -29,7 +29,7 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from plies._exceptions import ConfigError, EnvError
+from plies import ConfigError, EnvError
 from plies.environments import Env, Task
 from plies.gateway import GatewayServer
 from plies.trajectory import Status, Trajectory

@@ -37,7 +37,7 @@ from typing import Any
 
 import anyio
 
-from plies._exceptions import ConfigError
+from plies import ConfigError
 from plies.environments import Env, Task, ToolResult
 from plies.policy import Completion, PolicyClient, SamplingParams
 from plies.runtime import EpisodeContext, Lease
@@ -284,13 +284,9 @@ class _Episode:
             )
             problem = self._problem(parsed, completion, offered)
             self.record(
-                Turn(
-                    prompt_ids=delta.ids,
-                    extends=delta.extends,
-                    completion_ids=completion.ids,
-                    logprobs=completion.logprobs,
-                    finish_reason=completion.finish_reason,
-                    policy=completion.policy,
+                Turn.from_completion(
+                    delta,
+                    completion,
                     message=conv.messages[-1],
                     ill_formed=problem is not None,
                     fallback=delta.fallback.reason.value if delta.fallback else None,
@@ -373,7 +369,6 @@ class _Episode:
 
     def _settle(self, ended: _Ended, wall_s: float) -> None:
         traj = self.traj
-        traj.status = ended.status
         traj.info["stop_reason"] = ended.reason.value
         if ended.reason is StopReason.ILL_FORMED:
             if self.h.ill_formed_reward is None:
@@ -385,7 +380,6 @@ class _Episode:
             traj.info["stop_detail"] = ended.detail
         if self.ill_formed:
             traj.info["ill_formed"] = self.ill_formed
-        traj.reward = self.reward
         if self.conv is not None:
             traj.messages = list(self.conv.messages)
             traj.metrics["fallbacks"] = float(len(self.conv.fallbacks))
@@ -397,3 +391,4 @@ class _Episode:
             sample_s=self.sample_s,
             wall_s=wall_s,
         )
+        traj.settle(ended.status, reward=self.reward)  # last: a settled record is final

@@ -23,11 +23,15 @@ from ._exceptions import PolicyUnavailable as PolicyUnavailable
 from ._exceptions import PoolExhausted as PoolExhausted
 from ._exceptions import SandboxError as SandboxError
 from ._exceptions import TokenizationError as TokenizationError
+from ._exceptions import ToolError as ToolError
 from ._exceptions import TrainingError as TrainingError
 from ._exceptions import TrainingGradientsLost as TrainingGradientsLost
 from ._exceptions import TrainingQuarantined as TrainingQuarantined
 from ._exceptions import TrajectoryError as TrajectoryError
 from ._exceptions import UsageError as UsageError
+from ._lifecycle import AsyncLifecycle as AsyncLifecycle
+from ._lifecycle import Lifecycle as Lifecycle
+from ._lifecycle import OpenState as OpenState
 from .trajectory import Group as Group
 from .trajectory import PolicyRef as PolicyRef
 from .trajectory import Segment as Segment
@@ -37,6 +41,7 @@ from .trajectory import Turn as Turn
 
 __all__ = [
     "AdmissionClosed",
+    "AsyncLifecycle",
     "ConfigError",
     "EnvCapacityError",
     "EnvError",
@@ -45,6 +50,8 @@ __all__ = [
     "GatewaySessionError",
     "Group",
     "LeaseError",
+    "Lifecycle",
+    "OpenState",
     "OperationUnsettled",
     "PliesError",
     "PolicyError",
@@ -57,6 +64,7 @@ __all__ = [
     "Segment",
     "Status",
     "TokenizationError",
+    "ToolError",
     "TrainingError",
     "TrainingGradientsLost",
     "TrainingQuarantined",

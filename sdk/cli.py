@@ -22,11 +22,11 @@ def models_tokenizer(
     out: Annotated[Path, typer.Argument(help="Directory to write.")],
 ) -> None:
     """Build a tokenizer with its chat template from installed packages."""
-    from . import models
+    from .testing import build_qwen3_tokenizer
 
     if family != "qwen3":
         raise typer.BadParameter(f"unknown tokenizer family {family!r}; known: qwen3")
-    models.build_qwen3_tokenizer(out)
+    build_qwen3_tokenizer(out)
     typer.echo(str(out))
 
 
@@ -36,9 +36,9 @@ def models_tiny(
     seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
 ) -> None:
     """Build the tiny random Qwen3 model, tokenizer included."""
-    from . import models
+    from .testing import build_tiny_model
 
-    models.build_tiny_model(out, seed=seed)
+    build_tiny_model(out, seed=seed)
     typer.echo(str(out))
 
 
@@ -56,13 +56,18 @@ def serve(
     max_model_len: Annotated[int, typer.Option(help="Prompt + completion tokens.")] = 4096,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     threads: Annotated[int | None, typer.Option(help="torch intra-op threads.")] = None,
+    test_faults: Annotated[
+        bool,
+        typer.Option(hidden=True, help="Test only: routes that hold the trainer; loopback only."),
+    ] = False,
 ) -> None:
     """Run the reference policy server; print one JSON line with its url when ready."""
-    from .server._serve import serve as run_server
+    from .server import serve as run_server
 
     raise typer.Exit(
         run_server(
             threads=threads,
+            test_faults=test_faults,
             model_dir=model_dir,
             state_dir=state_dir,
             host=host,
@@ -89,10 +94,10 @@ def gateway(
     ] = None,
 ) -> None:
     """Run the capture gateway; prints {"url", "admin_token"} as one JSON line when ready."""
-    from .gateway._standalone import run_standalone
+    from .gateway import serve as run_gateway
 
     raise typer.Exit(
-        run_standalone(
+        run_gateway(
             sampler=sampler,
             tokenizer=tokenizer,
             host=host,
@@ -110,9 +115,25 @@ def reap(
     timeout: Annotated[float, typer.Option(help="Seconds per teardown.")] = 30.0,
 ) -> None:
     """Tear down what a quarantine report says may still exist; mark it in the report."""
-    from .runtime._reap import reap_command
+    import anyio
 
-    raise typer.Exit(reap_command(report, dry_run=dry_run, timeout=timeout))
+    from ._exceptions import ConfigError
+    from .environments import sandbox_reapers
+    from .runtime import ReapOutcome, builtin_reapers, reap_report
+
+    # Each layer knows its own kinds; the command is where they meet.
+    reapers = {**builtin_reapers(), **sandbox_reapers()}
+    try:
+        results = anyio.run(lambda: reap_report(report, reapers, dry_run=dry_run, timeout=timeout))
+    except ConfigError as exc:
+        typer.echo(f"plies reap: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for r in results:
+        detail = f" ({r.detail})" if r.detail else ""
+        typer.echo(f"{r.outcome.value:8} {r.kind} {r.remote_id} [{r.lease_id}]{detail}")
+    left = [r for r in results if r.outcome in (ReapOutcome.FAILED, ReapOutcome.SKIPPED)]
+    typer.echo(f"{len(results)} remote things may have existed; {len(left)} may still exist")
+    raise typer.Exit(1 if left else 0)
 
 
 @app.command("doctor")
@@ -126,7 +147,7 @@ def doctor(
 ) -> None:
     """Is this chat template safe for incremental prompts? Probe verdicts and fallbacks."""
     from ._exceptions import ConfigError
-    from .tokens._doctor import run_doctor
+    from .tokens import run_doctor
 
     try:
         run_doctor(tokenizer_dir, json_output, kwarg or [])
@@ -153,6 +174,6 @@ def demo_blackjack(
     ] = "none",
 ) -> None:
     """Warm-start the tiny model, then train it at Blackjack with GRPO (Ctrl-C, then resume)."""
-    from .demo_blackjack import main
+    from .recipes.blackjack import main
 
     raise typer.Exit(main(out, budget=budget, env=env, sandbox=sandbox))  # type: ignore[arg-type]

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ._exceptions import TrajectoryError
+from ._exceptions import TrajectoryError, UsageError
 
 __all__ = [
     "FinishReason",
@@ -69,6 +69,28 @@ class PolicyRef(BaseModel):
     digest: str = Field(default="", description="Content hash of the weights.")
 
 
+class PromptPart(Protocol):
+    """What a renderer hands a recorder per turn (`plies.tokens.PromptDelta` is one)."""
+
+    @property
+    def ids(self) -> list[int]: ...
+    @property
+    def extends(self) -> bool: ...
+
+
+class SampledPart(Protocol):
+    """What a sampler hands back (`plies.policy.Completion` is one)."""
+
+    @property
+    def ids(self) -> list[int]: ...
+    @property
+    def logprobs(self) -> list[float]: ...
+    @property
+    def finish_reason(self) -> FinishReason: ...
+    @property
+    def policy(self) -> PolicyRef: ...
+
+
 class Turn(BaseModel):
     """One sampled turn, recorded exactly as the sampler produced it."""
 
@@ -97,6 +119,24 @@ class Turn(BaseModel):
     started_at: float = Field(default=0.0, description="Wall-clock time the request was sent.")
     latency_s: float = Field(default=0.0, description="Seconds until the completion came back.")
 
+    @classmethod
+    def from_completion(cls, prompt: PromptPart, completion: SampledPart, **fields: Any) -> Turn:
+        """The one way a recorder builds a turn: the prompt delta sent, the completion received.
+
+        Structural types keep this module at the bottom of the layers: it names no renderer
+        and no sampler, yet every recorder (harness, gateway, recipes) builds turns the same way.
+        `fields` are the remaining `Turn` fields (`message`, `ill_formed`, timings).
+        """
+        return cls(
+            prompt_ids=prompt.ids,
+            extends=prompt.extends,
+            completion_ids=completion.ids,
+            logprobs=completion.logprobs,
+            finish_reason=completion.finish_reason,
+            policy=completion.policy,
+            **fields,
+        )
+
     @model_validator(mode="after")
     def _aligned(self) -> Turn:
         if len(self.completion_ids) != len(self.logprobs):
@@ -107,8 +147,49 @@ class Turn(BaseModel):
         return self
 
 
+_SETTLED = (
+    "this trajectory is settled, so its record is final; make a changed copy with "
+    "`trajectory.model_copy(update={...})`"
+)
+
+
+def _refuse(self: object, *args: Any, **kwargs: Any) -> NoReturn:
+    raise UsageError(_SETTLED)
+
+
+class _SettledList(list):  # type: ignore[type-arg]
+    """A settled trajectory's list: reads and serialises as a list, refuses every change."""
+
+    __slots__ = ()
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copy and pickle without calling append
+        return (type(self), (list(self),))
+
+
+class _SettledDict(dict):  # type: ignore[type-arg]
+    """A settled trajectory's dict: reads and serialises as a dict, refuses every change."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    update = pop = popitem = clear = setdefault = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self),))
+
+
 class Trajectory(BaseModel):
-    """One episode. Serialises to one JSON line (`model_dump_json`)."""
+    """One episode. Serialises to one JSON line (`model_dump_json`).
+
+    Settled records are final. Once `status` is set (by `settle`, by assignment, or when a
+    settled record is loaded), setting any field raises `UsageError`, and so does changing
+    `turns`, `messages`, `metrics` or `info` in place (what those containers hold, such as
+    one message dict, is not guarded). It is a `UsageError`, not a `TrajectoryError`: the
+    data is fine, the caller used a finished record as if it were still being written. To
+    change a settled record, make a new one: `traj.model_copy(update={"reward": -1.0})`
+    (shallow, O(1) in the turns, and settled as well).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -122,6 +203,49 @@ class Trajectory(BaseModel):
     error: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict)
+
+    def settle(self, status: Status, **fields: Any) -> None:
+        """Finish the record in place: set `fields` (reward, info, ...), then `status`.
+
+        Raises:
+            UsageError: it is settled already.
+        """
+        if self.status is not None:
+            raise UsageError(_SETTLED)
+        for name, value in fields.items():
+            setattr(self, name, value)
+        self.status = status
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.status is not None:
+            raise UsageError(_SETTLED)
+        super().__setattr__(name, value)
+        if name == "status" and value is not None:
+            self._freeze()
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with `update` applied; a settled copy is as final as a settled original."""
+        copy = super().model_copy(update=update, deep=deep)
+        if copy.status is not None:
+            copy._freeze()
+        return copy
+
+    @model_validator(mode="after")
+    def _final_when_settled(self) -> Trajectory:
+        if self.status is not None:
+            self._freeze()
+        return self
+
+    def _freeze(self) -> None:
+        # Once per record, O(turns): the per-turn path (appending to an open record) pays
+        # nothing, since only settling swaps the containers.
+        fields = self.__dict__
+        for name in ("turns", "messages"):
+            if type(fields[name]) is not _SettledList:
+                fields[name] = _SettledList(fields[name])
+        for name in ("metrics", "info"):
+            if type(fields[name]) is not _SettledDict:
+                fields[name] = _SettledDict(fields[name])
 
     def prompt_ids(self, k: int) -> list[int]:
         """The full prompt that turn `k` sent, rebuilt from the stored deltas."""

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
-import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,15 +14,16 @@ import anyio
 import pytest
 from transformers import AutoTokenizer
 
-from plies import PolicyRef, models
-from plies.demo_blackjack import BUDGETS, TEMPLATE_KWARGS, transcripts, warm_start
+from plies import PolicyRef, testing
+from plies.policy import VLLMClient, publish
+from plies.recipes.blackjack import BUDGETS, TEMPLATE_KWARGS, transcripts, warm_start
 from plies.tokens import ChatRenderer
 from plies.training import TrainingClient
 
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir() -> Path:
-    return models.qwen3_tokenizer_dir()
+    return testing.qwen3_tokenizer_dir()
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +33,7 @@ def qwen3_tokenizer(qwen3_tokenizer_dir: Path):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    return models.tiny_model_dir()
+    return testing.tiny_model_dir()
 
 
 @pytest.fixture
@@ -63,33 +61,19 @@ def run_policy_server(
 
     Waits for the one JSON ready line on stdout; stderr goes to STATE_DIR/../serve-*.log.
     """
-    log = Path(tempfile.mkstemp(prefix="serve-", suffix=".log", dir=Path(state_dir).parent)[1])
-    cmd = [sys.executable, "-c", "from plies.cli import app; app()", "serve", str(model_dir)]
-    cmd += ["--state-dir", str(state_dir), "--threads", "1", *args]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with log.open("wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
-    lines: list[bytes] = []
-    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(ready_timeout)
-    try:
-        if not lines or not lines[0]:
-            proc.kill()
-            raise RuntimeError(f"plies serve did not get ready: {log.read_text()[-3000:]}")
-        ready = json.loads(lines[0])
+    fd, name = tempfile.mkstemp(prefix="serve-", suffix=".log", dir=Path(state_dir).parent)
+    os.close(fd)
+    argv = testing.plies_command("serve", str(model_dir), "--state-dir", str(state_dir))
+    argv += ["--threads", "1", *args]
+    with testing.serve_process_sync(argv, log=Path(name), ready_timeout=ready_timeout) as server:
         yield PolicyServer(
-            ready["url"], ready["policy"], ready["model"], Path(state_dir), proc, log
+            server.url,
+            server.ready["policy"],
+            server.ready["model"],
+            Path(state_dir),
+            server.process,
+            server.log,
         )
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        proc.stdout.close()
 
 
 @pytest.fixture(scope="session")
@@ -139,7 +123,7 @@ def forward_logprobs():
 # A reference server whose latest policy is the demo's warm start, shared by the session.
 # A random tiny model almost never emits a well-formed tool call, so tests that need real
 # tool calls sampled by the real server use the policy the demo's supervised step produces
-# (`plies.demo_blackjack.warm_start`, the same code and data the demo runs).
+# (`plies.recipes.blackjack.warm_start`, the same code and data the demo runs).
 
 WARM = BUDGETS["default"]
 """The demo's own warm-start budget: fewer steps do not give reliably well-formed calls."""
@@ -168,7 +152,8 @@ def warm_server(
             data = await transcripts(renderer, tokenizer, WARM.warm_hands, policy=base)
             async with TrainingClient(server.url) as trainer:
                 policy = await warm_start(trainer, data, WARM)
-                await trainer.publish(policy, [server.url])
+            async with VLLMClient(server.url, server.model) as sampler:
+                await publish(policy, [sampler])
             return policy
 
         warm = anyio.run(train)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer
 
-from plies import models
+from plies.testing import QWEN3_ADDED_TOKENS, build_tiny_model, tree_digest
 
 
 def test_qwen3_tokenizer_encodes_chatml_exactly(qwen3_tokenizer):
@@ -17,7 +17,7 @@ def test_qwen3_tokenizer_encodes_chatml_exactly(qwen3_tokenizer):
 def test_qwen3_added_tokens_and_special_flags(qwen3_tokenizer):
     added = qwen3_tokenizer.added_tokens_decoder
     assert len(added) == 26
-    for offset, (text, special) in enumerate(models.QWEN3_ADDED_TOKENS):
+    for offset, (text, special) in enumerate(QWEN3_ADDED_TOKENS):
         tok = added[151643 + offset]
         assert tok.content == text
         assert tok.special is special, text
@@ -33,9 +33,9 @@ def test_single_digit_pretokenization(qwen3_tokenizer):
 
 
 def test_tiny_model_is_deterministic(tmp_path: Path, qwen3_tokenizer_dir: Path):
-    a = models.build_tiny_model(tmp_path / "a", tokenizer_dir=qwen3_tokenizer_dir)
-    b = models.build_tiny_model(tmp_path / "b", tokenizer_dir=qwen3_tokenizer_dir)
-    assert models.tree_digest(a) == models.tree_digest(b)
+    a = build_tiny_model(tmp_path / "a", tokenizer_dir=qwen3_tokenizer_dir)
+    b = build_tiny_model(tmp_path / "b", tokenizer_dir=qwen3_tokenizer_dir)
+    assert tree_digest(a) == tree_digest(b)
     config = AutoConfig.from_pretrained(a)
     assert config.tie_word_embeddings is False
     assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (32, 2, 151936)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import pytest
 
-from plies import PolicyRef, Trajectory, TrajectoryError, Turn
+from plies import PolicyRef, Status, Trajectory, TrajectoryError, Turn, UsageError
 
 P0 = PolicyRef(uri="file:///p/0", version=0, digest="a")
 P1 = PolicyRef(uri="file:///p/1", version=1, digest="b")
@@ -77,3 +78,40 @@ def test_json_round_trip_and_pickled_errors():
     assert Trajectory.model_validate_json(line) == traj
     err = pickle.loads(pickle.dumps(TrajectoryError("x", turn=3, position=4)))
     assert (err.turn, err.position, str(err)) == (3, 4, "x")
+
+
+def test_a_settled_trajectory_is_final_and_changed_only_by_copy():
+    traj = Trajectory(task_id="t")
+    traj.turns.append(turn([1], [2]))  # an open record is written in place
+    traj.settle(Status.COMPLETED, reward=1.0, info={"k": 1})
+    refused = [
+        lambda: setattr(traj, "reward", 0.0),
+        lambda: setattr(traj, "status", Status.FAILED),
+        lambda: traj.turns.append(turn([3], [4])),
+        lambda: traj.messages.extend([{"role": "user", "content": "x"}]),
+        lambda: traj.info.update(k=2),
+        lambda: traj.metrics.__setitem__("m", 1.0),
+        lambda: traj.settle(Status.FAILED),
+    ]
+    for change in refused:
+        with pytest.raises(UsageError, match="settled"):
+            change()
+    assert (traj.reward, traj.status, len(traj.turns), traj.info) == (1.0, "completed", 1, {"k": 1})
+    forfeited = traj.model_copy(update={"reward": -1.0})
+    assert (forfeited.reward, traj.reward) == (-1.0, 1.0)
+    with pytest.raises(UsageError):
+        forfeited.turns.append(turn([3], [4]))
+
+
+def test_a_loaded_or_copied_settled_trajectory_stays_final():
+    traj = Trajectory(task_id="t", turns=[turn([1], [2])], status=Status.TRUNCATED)
+    line = traj.model_dump_json()
+    for again in (
+        Trajectory.model_validate_json(line),
+        pickle.loads(pickle.dumps(traj)),
+        copy.deepcopy(traj),
+        traj.model_copy(deep=True),
+    ):
+        assert again == traj and again.model_dump_json() == line
+        with pytest.raises(UsageError):
+            again.turns.append(turn([3], [4]))

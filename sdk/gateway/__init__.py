@@ -10,6 +10,7 @@ turn's exact tokens and logprobs into the session's trajectory.
 - `GatewayServer`: the app served by uvicorn on your event loop.
 - `ThreadedGatewayServer`: all of it on its own loop in a daemon thread, for sync trainers.
 - `GatewayFallback`: why a prompt was rendered in full rather than extended.
+- `serve`: the standalone gateway of `plies gateway`, until SIGINT or SIGTERM.
 """
 
 from ._app import create_app as create_app
@@ -20,6 +21,7 @@ from ._server import DEFAULT_HOST as DEFAULT_HOST
 from ._server import GatewayServer as GatewayServer
 from ._session import GatewayFallback as GatewayFallback
 from ._session import SessionState as SessionState
+from ._standalone import serve as serve
 from ._threaded import ThreadedGatewayServer as ThreadedGatewayServer
 
 __all__ = [
@@ -32,15 +34,11 @@ __all__ = [
     "SessionState",
     "ThreadedGatewayServer",
     "create_app",
+    "serve",
 ]
 
-for _name in (
-    "Gateway",
-    "GatewayFallback",
-    "GatewayServer",
-    "SessionState",
-    "ThreadedGatewayServer",
-):
-    globals()[_name].__module__ = "plies.gateway"
-ThreadedGatewayServer.__module__ = "plies.gateway"
-del _name
+for _name in __all__:  # reprs and tracebacks name the package, not its private modules
+    _obj = globals()[_name]
+    if isinstance(_obj, type) or callable(_obj):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -15,12 +15,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from enum import StrEnum
 from typing import Any
 
 import anyio
 
-from .._exceptions import GatewayRequestError, GatewaySessionError, UsageError
+from .._exceptions import GatewayRequestError, GatewaySessionError
+from .._lifecycle import AsyncLifecycle
 from ..policy import SamplingParams
 from ..trajectory import Status, Trajectory, Turn
 from ._canonical import CanonicalMessage, canonicalise, template_messages
@@ -39,13 +39,7 @@ KEY_PREFIX = "plies-sk-"
 _UNKNOWN_KEY = "session key not recognised: it is unknown, or its session was finished or dropped"
 
 
-class _State(StrEnum):
-    UNOPENED = "unopened"
-    OPENED = "opened"
-    CLOSED = "closed"
-
-
-class Gateway:
+class Gateway(AsyncLifecycle):
     """Capture sessions for black-box agents: render, sample, parse, record.
 
     Args:
@@ -94,30 +88,22 @@ class Gateway:
         self.admin_token = admin_token
         self.policy: Any = policy
         self._sessions: dict[str, Session] = {}
-        self._state = _State.UNOPENED
 
     # -- lifetime ------------------------------------------------------------------------
 
+    _lifecycle_noun = "gateway"
+
     async def __aenter__(self) -> Gateway:
-        if self._state is not _State.UNOPENED:
-            raise UsageError(f"a gateway can be opened once; this one is {self._state}")
-        self._state = _State.OPENED
+        self._open()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def __enter__(self) -> None:
-        raise TypeError("Gateway is async: use `async with Gateway(...)`")
-
-    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ raises
-        pass
-
     async def aclose(self) -> None:
         """Drop every open session, reporting them; safe to call twice."""
-        if self._state is _State.CLOSED:
+        if not self._close():
             return
-        self._state = _State.CLOSED
         open_sessions = list(self._sessions)
         if open_sessions:
             log.warning(
@@ -129,17 +115,13 @@ class Gateway:
             for key in open_sessions:
                 await self.drop_session(key)
 
-    def _check_open(self) -> None:
-        if self._state is not _State.OPENED:
-            raise UsageError(f"the gateway is {self._state}; use `async with Gateway(...)`")
-
     # -- session API ---------------------------------------------------------------------
 
     async def create_session(
         self, task_id: str, *, group_id: str = "", info: dict[str, Any] | None = None
     ) -> str:
         """Open a session for one episode and return its bearer key."""
-        self._check_open()
+        self._check_open("create a session (use `async with Gateway(...)`)")
         key = KEY_PREFIX + secrets.token_urlsafe(24)
         self._sessions[key] = Session(
             key=key, task_id=task_id, group_id=group_id, info=dict(info or {})
@@ -288,13 +270,9 @@ class Gateway:
         parsed = conversation.add_completion(completion.ids, completion.finish_reason)
 
         reply = self._reply(parsed, completion.ids, request)
-        turn = Turn(
-            prompt_ids=list(delta.ids),
-            extends=delta.extends,
-            completion_ids=list(completion.ids),
-            logprobs=list(completion.logprobs),
-            finish_reason=completion.finish_reason,
-            policy=completion.policy,
+        turn = Turn.from_completion(
+            delta,
+            completion,
             message=reply,
             ill_formed=parsed.ill_formed,
             fallback=None if fallback is None else str(fallback),

@@ -21,12 +21,12 @@ from .._exceptions import ConfigError
 from ._gateway import Gateway
 from ._server import DEFAULT_HOST, GatewayServer
 
-__all__ = ["run_standalone"]
+__all__ = ["serve"]
 
 log = logging.getLogger("plies.gateway")
 
 
-def run_standalone(
+def serve(
     *,
     sampler: str,
     tokenizer: Path,

@@ -4,6 +4,9 @@
 - `VLLMClient`: vLLM's `/v1/completions`; also the client of the plies reference server.
 - `SGLangClient`: SGLang's native `/generate`.
 - `Timeout`, `RetryPolicy`: explicit HTTP timeouts and retry bounds.
+- Publication: `publish(policy, loaders)` makes a saved policy servable on each
+  `PolicyLoader` (a `VLLMClient` loads it under `served_name(version)`; `ReloadInPlace` swaps
+  the weights behind one name).
 - `load_lora_adapter`, `unload_lora_adapter`, `reload_weights`: switch the policy behind a
   fleet (every engine of a client), keeping the client's name -> `PolicyRef` map in step.
 
@@ -11,19 +14,20 @@ Logprob convention: each sampled token's logprob under the distribution it was d
 (logits / temperature, then top-k, then top-p), vLLM's `processed_logprobs`.
 """
 
-from __future__ import annotations
-
 from ._config import DEFAULT_RETRY as DEFAULT_RETRY
 from ._config import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from ._config import RetryPolicy as RetryPolicy
 from ._config import Timeout as Timeout
+from ._publish import ReloadInPlace as ReloadInPlace
 from ._publish import load_lora_adapter as load_lora_adapter
 from ._publish import policy_path as policy_path
+from ._publish import publish as publish
 from ._publish import reload_weights as reload_weights
 from ._publish import unload_lora_adapter as unload_lora_adapter
 from ._sglang import SGLangClient as SGLangClient
 from ._types import Completion as Completion
 from ._types import PolicyClient as PolicyClient
+from ._types import PolicyLoader as PolicyLoader
 from ._types import SamplingParams as SamplingParams
 from ._vllm import VLLMClient as VLLMClient
 
@@ -32,6 +36,8 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "Completion",
     "PolicyClient",
+    "PolicyLoader",
+    "ReloadInPlace",
     "RetryPolicy",
     "SGLangClient",
     "SamplingParams",
@@ -39,6 +45,7 @@ __all__ = [
     "VLLMClient",
     "load_lora_adapter",
     "policy_path",
+    "publish",
     "reload_weights",
     "unload_lora_adapter",
 ]

@@ -24,13 +24,12 @@ whether the request provably never reached the engine:
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import ssl
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import httpx
@@ -46,20 +45,14 @@ from .._exceptions import (
     PolicyOutcomeUnknown,
     PolicyResponseError,
     PolicyUnavailable,
-    UsageError,
 )
+from .._lifecycle import AsyncLifecycle
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 
 __all__ = ["HTTPPolicyClient"]
 
 LANE_REQUESTS = 8
 """Most requests one httpx client carries at once."""
-
-
-class _State(enum.Enum):
-    UNOPENED = 1  # built, no connections yet
-    OPENED = 2  # inside `async with`
-    CLOSED = 3  # closed for good
 
 
 def _normalise(base_urls: str | Sequence[str]) -> list[str]:
@@ -99,8 +92,8 @@ class _Lane:
         self.in_flight = 0
 
 
-class HTTPPolicyClient:
-    """Base of the HTTP backends. Use as `async with Client(...) as client:`."""
+class HTTPPolicyClient(AsyncLifecycle):
+    """Base of the HTTP backends. Use as `async with Client(...) as client:`; opens once."""
 
     _health_path = "/health"
 
@@ -118,46 +111,30 @@ class HTTPPolicyClient:
         self._headers = dict(headers or {})
         self._lanes: list[_Lane] = []
         self._ssl: ssl.SSLContext | None = None  # one for all lanes: each costs ~20 ms to load
-        self._state = _State.UNOPENED
         self._down_until: dict[str, float] = {}
         self._in_flight: dict[str, int] = dict.fromkeys(self.base_urls, 0)
         self._turn = 0
 
     # -- lifetime -------------------------------------------------------------------------
 
-    async def __aenter__(self):
-        if self._state is not _State.UNOPENED:
-            raise UsageError(f"{type(self).__name__} can be opened once; it is {self._state.name}")
-        self._state = _State.OPENED
+    async def __aenter__(self) -> Self:
+        self._open()
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-    def __enter__(self):
-        raise TypeError(f"use `async with {type(self).__name__}(...) as client:`, not `with`")
-
-    def __exit__(self, *exc_info) -> None:  # pragma: no cover - __enter__ always raises
-        pass
 
     async def aclose(self) -> None:
         """Close connections. Safe to call more than once."""
-        self._state = _State.CLOSED
+        self._close()
         lanes, self._lanes = self._lanes, []
         for lane in lanes:
             await lane.http.aclose()
 
-    def _check_open(self) -> None:
-        """Raise `UsageError` unless the client is open."""
-        if self._state is not _State.OPENED:
-            raise UsageError(
-                f"{type(self).__name__} is {self._state.name}; use it inside `async with`"
-            )
-
     @contextmanager
     def _lane(self) -> Iterator[httpx.AsyncClient]:
         """Carry one request in the first lane with room, or in a new one."""
-        self._check_open()
+        self._check_open("send a request")
         for lane in self._lanes:
             if lane.in_flight < LANE_REQUESTS:
                 break

@@ -1,6 +1,9 @@
-"""Switching the policy behind a running fleet: every engine of a `VLLMClient`, then its map.
+"""Publishing saved policies to samplers, and switching the policy behind a running fleet.
 
-Two ways, both taking a policy that was already published (an immutable directory):
+`publish(policy, loaders)` hands a policy the trainer saved to every `PolicyLoader`; the
+trainer itself knows nothing about samplers. For every engine of a `VLLMClient` (then its
+name -> policy map) there are two ways, both taking a policy that was already saved (an
+immutable directory):
 
 - `load_lora_adapter` serves it under a new name next to the old ones, so episodes started
   on the old name finish there. On vLLM the directory is a LoRA adapter; on the plies
@@ -10,26 +13,101 @@ Two ways, both taking a policy that was already published (an immutable director
   `/update_weight_version` -> `/resume`. Resume always runs, even when a step fails or the
   caller is cancelled midway, because a paused engine hangs every request. vLLM's in-place
   reload is exact for untied output layers only (a tied head keeps stale weights).
+
+`VLLMClient.load_policy` is the first (under `served_name(version)`), `ReloadInPlace` the
+second. The reference server answers a load with the `PolicyRef` of what it loaded, so there
+the weights' digest is checked against the policy's; vLLM answers with plain text.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 import anyio
 
-from .._exceptions import ConfigError, PolicyError, PolicyUnavailable
+from .._exceptions import ConfigError, PolicyError, PolicyResponseError, PolicyUnavailable
 from ..trajectory import PolicyRef
-from ._vllm import VLLMClient
+from ._types import PolicyLoader
 
-__all__ = ["load_lora_adapter", "policy_path", "reload_weights", "unload_lora_adapter"]
+if TYPE_CHECKING:  # the client calls these helpers; they only name it
+    from ._vllm import VLLMClient
+
+__all__ = [
+    "ReloadInPlace",
+    "load_lora_adapter",
+    "policy_path",
+    "publish",
+    "reload_weights",
+    "unload_lora_adapter",
+]
 
 WAIT = {"mode": "wait"}
 """`/pause` lets requests in flight finish, so none is cut off or tagged with new weights."""
 
 RESUME_TIMEOUT = 60.0
 """Seconds allowed to resume every paused engine, even after cancellation."""
+
+
+async def publish(policy: PolicyRef, loaders: Iterable[PolicyLoader]) -> None:
+    """Make `policy` servable on each sampler of `loaders`, one after another.
+
+    Publishing a policy a sampler already serves is harmless, so a failed publish may be
+    repeated as a whole.
+
+    Args:
+        policy: a saved policy, e.g. `await trainer.save_policy()`.
+        loaders: samplers that load policies: a `VLLMClient` (vLLM, or a reference server's
+            base URL opened as one), `ReloadInPlace(client)`, or any `PolicyLoader`.
+
+    Raises:
+        ConfigError: an entry is not a `PolicyLoader` (nothing is loaded then).
+        PolicyError: a sampler could not load the policy or reports other weights; the
+            samplers before it serve the policy, the ones after it were not asked.
+
+    Example:
+        async with VLLMClient(server_url, "policy-0") as sampler:
+            await publish(await trainer.save_policy(), [sampler])
+    """
+    loaders = list(loaders)
+    for loader in loaders:
+        if not isinstance(loader, PolicyLoader):
+            raise ConfigError(
+                f"cannot publish to {loader!r}: not a PolicyLoader; for a server's base URL, "
+                "open a VLLMClient(url, model) on it and pass that"
+            )
+    for loader in loaders:
+        await loader.load_policy(policy)
+
+
+class ReloadInPlace:
+    """A `PolicyLoader` that swaps the weights behind one served name (`reload_weights`).
+
+    For vLLM engines in dev mode that serve full weights under one name, where a new LoRA
+    adapter per policy does not apply. Requests to that name wait while the swap runs.
+
+    Args:
+        client: the fleet; its name -> policy map follows the swap.
+        name: the served name whose weights are swapped (default: the client's model).
+
+    Example:
+        await publish(policy, [ReloadInPlace(client)])
+    """
+
+    def __init__(self, client: VLLMClient, *, name: str | None = None):
+        self.client = client
+        self.name = name or client.model
+
+    def __repr__(self) -> str:
+        return f"ReloadInPlace({self.client.base_urls}, name={self.name!r})"
+
+    async def load_policy(self, policy: PolicyRef) -> None:
+        """Swap the weights behind `name` for `policy`'s, unless they already are."""
+        if self.client.served().get(self.name) != policy:
+            await reload_weights(self.client, policy, name=self.name)
 
 
 def policy_path(policy: PolicyRef) -> Path:
@@ -68,7 +146,8 @@ async def load_lora_adapter(
 
     async def load_everywhere() -> None:
         for url in client.base_urls:
-            await client._send(url, "/v1/load_lora_adapter", body, want_json=False)
+            answer = await client._send(url, "/v1/load_lora_adapter", body, want_json=False)
+            _check_loaded(url, name, policy, answer)
         client.register(name, policy)
 
     if replace:
@@ -76,6 +155,23 @@ async def load_lora_adapter(
             await load_everywhere()
     else:
         await load_everywhere()
+
+
+def _check_loaded(url: str, name: str, policy: PolicyRef, answer: str) -> None:
+    """Where the engine reports the `PolicyRef` it loaded (the reference server does), its
+    digest must be the policy's: other weights behind the name would mislabel every sample."""
+    try:
+        body = json.loads(answer)
+    except ValueError:
+        return  # vLLM: a plain-text confirmation
+    reported = body.get("plies_policy") if isinstance(body, dict) else None
+    if not isinstance(reported, dict) or not policy.digest:
+        return
+    if reported.get("digest") != policy.digest:
+        raise PolicyResponseError(
+            f"{url} loaded {name} with digest {reported.get('digest')}, expected {policy.digest}",
+            url=url,
+        )
 
 
 async def unload_lora_adapter(client: VLLMClient, name: str) -> None:

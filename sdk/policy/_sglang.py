@@ -2,7 +2,9 @@
 
 SGLang reports which weights answered (`meta_info.weight_version`, a string set with
 `--weight-version` at launch or by `/update_weights_from_disk`); the client maps each version
-string to the `PolicyRef` published under it (`register`).
+string to the `PolicyRef` published under it (`register`). An engine that serves several
+adapters picks one by name (SGLang's `lora_path`, the client's `model`); without a name it
+answers with the weights it loaded last.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class SGLangClient(HTTPPolicyClient):
 
     Args:
         base_urls: one engine URL or several (load-balanced, sticky per session).
+        model: the served name (adapter) to sample from, sent as `lora_path`; None: the
+            engine's current weights.
         policy: the policy the engines serve at start, registered under `weight_version`.
         weight_version: the version string the engines report for `policy` (SGLang's
             default is "default").
@@ -37,6 +41,7 @@ class SGLangClient(HTTPPolicyClient):
         self,
         base_urls: str | Sequence[str],
         *,
+        model: str | None = None,
         policy: PolicyRef | None = None,
         weight_version: str = "default",
         timeout: Timeout = DEFAULT_TIMEOUT,
@@ -44,6 +49,7 @@ class SGLangClient(HTTPPolicyClient):
         headers: dict[str, str] | None = None,
     ):
         super().__init__(base_urls, timeout=timeout, retry=retry, headers=headers)
+        self.model = model
         self._versions: dict[str, PolicyRef] = {}
         if policy is not None:
             self._versions[weight_version] = policy
@@ -65,7 +71,7 @@ class SGLangClient(HTTPPolicyClient):
         `policy` is checked, not routed: SGLang serves one set of weights per engine, so an
         answer from other weights than the requested ones raises `PolicyResponseError`.
         """
-        self._check_open()
+        self._check_open("sample")
         sampling: dict[str, Any] = {
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,
@@ -83,6 +89,8 @@ class SGLangClient(HTTPPolicyClient):
             "return_logprob": True,
             "logprob_start_len": -1,
         }
+        if self.model is not None:
+            payload["lora_path"] = self.model
         data = await self._post("/generate", payload, session)
         completion = self._completion(data)
         wanted = policy.version if isinstance(policy, PolicyRef) else None

@@ -1,4 +1,5 @@
-"""What a policy client takes and returns, and the protocol every backend implements."""
+"""What a policy client takes and returns, the protocol every backend implements, and the
+protocol of samplers that load published policies."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .._exceptions import PolicyResponseError
 from ..trajectory import FinishReason, PolicyRef
 
-__all__ = ["Completion", "PolicyClient", "SamplingParams"]
+__all__ = ["Completion", "PolicyClient", "PolicyLoader", "SamplingParams"]
 
 
 class SamplingParams(BaseModel):
@@ -83,3 +84,26 @@ class PolicyClient(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PolicyLoader(Protocol):
+    """A sampler that can start serving a published policy; what `publish` drives.
+
+    Loading a policy the sampler already serves must be harmless, so a failed publication
+    can simply be repeated. `VLLMClient` loads each policy under `served_name(version)`
+    next to older ones; `ReloadInPlace` swaps the weights behind one name instead.
+
+    Example:
+        class MyEngines:
+            async def load_policy(self, policy: PolicyRef) -> None:
+                await my_fleet.load(policy_path(policy), tag=policy.version)
+    """
+
+    async def load_policy(self, policy: PolicyRef) -> None:
+        """Serve `policy` from now on.
+
+        Raises:
+            PolicyError: the sampler could not load it, or reports other weights.
+        """
+        ...

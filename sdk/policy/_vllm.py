@@ -5,6 +5,9 @@ does not, so the client tags each answer with the `PolicyRef` it knows is loaded
 requested name (`register`, or the publishing helpers in `plies.policy`, keep that map).
 While a helper swaps the weights behind a name, `switching` holds new requests back and
 waits for this client's requests to that name to finish, so no answer can straddle a swap.
+
+The client is also a `PolicyLoader`: `load_policy` serves a saved policy under
+`served_name(version)`, so `publish(policy, [client])` is the whole publish cycle.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import anyio
 
 from .._exceptions import ConfigError, PolicyError, PolicyResponseError
 from ..trajectory import PolicyRef
+from ..wire.sampling import served_name
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 from ._http import HTTPPolicyClient
+from ._publish import load_lora_adapter
 from ._types import Completion, SamplingParams
 
 __all__ = ["VLLMClient"]
@@ -83,6 +88,23 @@ class VLLMClient(HTTPPolicyClient):
                 self._refs[card["id"]] = PolicyRef.model_validate(ref)
         return self.served()
 
+    async def load_policy(self, policy: PolicyRef) -> None:
+        """Serve `policy` as `served_name(policy.version)` on every engine, next to older ones.
+
+        vLLM loads the policy's directory as a LoRA adapter; the reference server loads its
+        full weights and reports their digest, which must be the policy's. A policy that is
+        already served under its name (known here, or listed by `/v1/models`) is not loaded
+        again, so publishing twice is harmless.
+
+        Raises:
+            PolicyError: an engine refused the load or reports other weights.
+        """
+        name = served_name(policy.version)
+        if self.served().get(name) != policy:
+            await self.refresh()  # it may already serve it (an earlier publish)
+        if self.served().get(name) != policy:
+            await load_lora_adapter(self, name, policy, replace=name in self.served())
+
     async def _get_json(self, path: str) -> Any:
         return await self._send(await self._choose(None), path, None, method="GET")
 
@@ -136,7 +158,7 @@ class VLLMClient(HTTPPolicyClient):
         session: str | None = None,
     ) -> Completion:
         """Sample one completion; see `PolicyClient.sample`."""
-        self._check_open()
+        self._check_open("sample")
         name = await self._name_of(policy)
         while name in self._gates:
             await self._gates[name].wait()

@@ -3,7 +3,8 @@
 - `RolloutResources` holds the policy client and the pools episodes borrow from, and writes
   the quarantine report when it closes.
 - `Pool` (`EnvPool`, `HarnessPool`) lends `Lease`s on resources it creates and tears down;
-  `lease.operation(name)` marks remote work that cancellation waits for.
+  `lease.operation(name)` marks remote work that cancellation waits for. A resource that
+  `HoldsRemote` names its remote state as `RemoteRef`s, which a quarantine report lists.
 - `RolloutDriver` runs episodes of admitted groups and hands back complete groups.
 - `run` wraps a script's main with three-step Ctrl-C handling; `JsonlSink` and `read_jsonl`
   write and read records a crash cannot corrupt; `reap_report` (`plies reap`) tears down
@@ -14,16 +15,15 @@ import inspect
 
 from ._driver import DriverState as DriverState
 from ._driver import DriverStatistics as DriverStatistics
-from ._driver import EpisodeContext as EpisodeContext
-from ._driver import GroupSpec as GroupSpec
 from ._driver import RolloutDriver as RolloutDriver
+from ._episode import EpisodeContext as EpisodeContext
+from ._episode import GroupSpec as GroupSpec
+from ._lease import Lease as Lease
+from ._lease import LeaseState as LeaseState
 from ._pool import EnvPool as EnvPool
 from ._pool import HarnessPool as HarnessPool
-from ._pool import Lease as Lease
-from ._pool import LeaseState as LeaseState
 from ._pool import Pool as Pool
 from ._pool import PoolStatistics as PoolStatistics
-from ._pool import ScopeState as ScopeState
 from ._progress import LiveProgress as LiveProgress
 from ._reap import Reaper as Reaper
 from ._reap import ReapOutcome as ReapOutcome
@@ -32,9 +32,10 @@ from ._reap import builtin_reapers as builtin_reapers
 from ._reap import process_remote_id as process_remote_id
 from ._reap import reap_process as reap_process
 from ._reap import reap_report as reap_report
+from ._remote import HoldsRemote as HoldsRemote
+from ._remote import RemoteRef as RemoteRef
 from ._report import QuarantineRecord as QuarantineRecord
 from ._report import QuarantineReport as QuarantineReport
-from ._report import RemoteHandle as RemoteHandle
 from ._report import read_report as read_report
 from ._resources import ResourcesStatistics as ResourcesStatistics
 from ._resources import RolloutResources as RolloutResources
@@ -44,7 +45,6 @@ from ._signals import run as run
 from ._sink import JsonlRead as JsonlRead
 from ._sink import JsonlSink as JsonlSink
 from ._sink import MalformedLine as MalformedLine
-from ._sink import SinkState as SinkState
 from ._sink import read_groups as read_groups
 from ._sink import read_jsonl as read_jsonl
 
@@ -55,6 +55,7 @@ __all__ = [
     "EpisodeContext",
     "GroupSpec",
     "HarnessPool",
+    "HoldsRemote",
     "Interrupts",
     "JsonlRead",
     "JsonlSink",
@@ -69,12 +70,11 @@ __all__ = [
     "ReapOutcome",
     "ReapResult",
     "Reaper",
-    "RemoteHandle",
+    "RemoteRef",
     "ResourcesStatistics",
     "RolloutDriver",
-    "ScopeState",
+    "RolloutResources",
     "SettlingState",
-    "SinkState",
     "builtin_reapers",
     "process_remote_id",
     "read_groups",

@@ -18,57 +18,27 @@ sampling runs at most that far ahead of training; nothing is ever dropped for st
 
 from __future__ import annotations
 
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType, TracebackType
-from typing import Any
 
 import anyio
 from anyio import CancelScope, WouldBlock
 from anyio.abc import TaskGroup
 
 from .._exceptions import AdmissionClosed, ConfigError, UsageError
-from ..trajectory import Group, PolicyRef, Status, Trajectory, Turn
-from ._pool import Lease, LeaseState, Pool
+from ..trajectory import Group, PolicyRef, Status, Trajectory
+from ._episode import EpisodeContext, GroupSpec, settle_episode
 from ._resources import ResourcesStatistics, RolloutResources
 from ._sink import JsonlSink
 
-__all__ = [
-    "DriverState",
-    "DriverStatistics",
-    "EpisodeContext",
-    "GroupSpec",
-    "RolloutDriver",
-]
+__all__ = ["DriverState", "DriverStatistics", "RolloutDriver"]
 
 DEFAULT_MAX_GROUPS_IN_FLIGHT = 8
 
 Episode = Callable[["EpisodeContext"], Awaitable[Trajectory]]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSpec:
-    """What to admit: `size` episodes of one task.
-
-    Attributes:
-        task_id: names the task; every member's trajectory carries it.
-        size: members of the group (GRPO samples per prompt).
-        task: anything the episode needs (a prompt, a seed); passed as `ctx.task`.
-        id: the group id; a fresh one when not given.
-    """
-
-    task_id: str
-    size: int = 1
-    task: Any = None
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-    def __post_init__(self) -> None:
-        if self.size < 1:
-            raise ConfigError(f"group size must be at least 1, got {self.size}")
 
 
 class DriverState(StrEnum):
@@ -108,66 +78,6 @@ class DriverStatistics:
     @property
     def settled_total(self) -> int:
         return sum(self.settled.values())
-
-
-class EpisodeContext:
-    """What an episode gets: its task, the policy, and leases bound to it.
-
-    Attributes:
-        task, task_id, group_id, index: what to play and which member this is.
-        policy_ref: the policy the group was admitted under; pass it to `sample(policy=)`.
-        trajectory: a fresh trajectory with the ids filled in; record turns on it.
-        resources: the `RolloutResources` scope.
-    """
-
-    __slots__ = (
-        "_counted",
-        "_driver",
-        "_leases",
-        "group_id",
-        "index",
-        "policy_ref",
-        "resources",
-        "task",
-        "task_id",
-        "trajectory",
-    )
-
-    def __init__(self, driver: RolloutDriver, spec: GroupSpec, index: int, policy: PolicyRef):
-        self._driver = driver
-        self._leases: list[Lease[Any]] = []
-        self._counted = 0
-        self.resources = driver.resources
-        self.task = spec.task
-        self.task_id = spec.task_id
-        self.group_id = spec.id
-        self.index = index
-        self.policy_ref = policy
-        self.trajectory = Trajectory(task_id=spec.task_id, group_id=spec.id)
-
-    @property
-    def policy(self) -> Any:
-        """The policy client of the resources scope."""
-        return self.resources.policy
-
-    @property
-    def leases(self) -> tuple[Lease[Any], ...]:
-        """Every lease this episode borrowed through `borrow()`."""
-        return tuple(self._leases)
-
-    @asynccontextmanager
-    async def borrow(self, pool: Pool[Any] | str) -> AsyncIterator[Lease[Any]]:
-        """Borrow from a pool (or the pool of that name) on behalf of this episode."""
-        source = self.resources.pool(pool) if isinstance(pool, str) else pool
-        async with source.borrow() as lease:
-            self._leases.append(lease)
-            yield lease
-
-    def add_turn(self, turn: Turn) -> None:
-        """Append a turn to `trajectory` and count it for turns/s."""
-        self.trajectory.turns.append(turn)
-        self._counted += 1
-        self._driver._turns += 1
 
 
 class _GroupState:
@@ -395,30 +305,7 @@ class RolloutDriver:
         result: Trajectory | None,
         error: Exception | None,
     ) -> None:
-        quarantined = [lease for lease in ctx._leases if lease.state is LeaseState.QUARANTINED]
-        traj = result if result is not None else ctx.trajectory
-        traj.task_id = ctx.task_id
-        traj.group_id = ctx.group_id
-        if result is not None:
-            if traj.status is None:
-                traj.status = Status.COMPLETED
-        elif error is not None:
-            traj.status = Status.FAILED
-            kind = type(error)
-            traj.error = f"{kind.__module__}.{kind.__qualname__}: {error}"
-        else:
-            traj.status = Status.QUARANTINED if quarantined else Status.CANCELLED
-        if quarantined:
-            traj.info["quarantined_leases"] = [
-                {
-                    "lease": lease.id,
-                    "kind": lease.kind,
-                    "remote_id": lease.remote_id,
-                    "also_held": [held.model_dump() for held in lease.also_held],
-                    "reason": lease.reason,
-                }
-                for lease in quarantined
-            ]
+        traj = settle_episode(ctx, result, error)
         self._turns += len(traj.turns) - ctx._counted
         self._settled[traj.status] += 1
         self._running -= 1

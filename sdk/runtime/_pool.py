@@ -6,10 +6,9 @@ knows nothing about what it lends: an env, a sandbox, an agent process. It bound
 resources may exist at once (a slot is taken before create and given back only after a
 teardown succeeded) and how fast they are created.
 
-A lease is `borrowed`, then `released` (torn down) or `quarantined` (its state is unknown: an
-operation was cut off before it settled, or the teardown failed or timed out). A quarantined
-resource is never lent again; its slot stays taken while it may exist, its teardown is
-retried in the background, and it is recorded with its remote id for the quarantine report.
+A lease (`_lease.py`) comes back released or quarantined. A quarantined resource is never
+lent again; its slot stays taken while it may exist, its teardown is retried in the
+background, and it is recorded with its remote refs for the quarantine report.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from enum import StrEnum
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -29,18 +27,13 @@ from anyio import CancelScope
 from anyio.abc import TaskGroup
 
 from .._exceptions import ConfigError, LeaseError, OperationUnsettled, PoolExhausted, UsageError
-from ._report import QuarantineRecord, RemoteHandle
+from .._lifecycle import AsyncLifecycle
+from ._lease import Lease, LeaseState
+from ._remote import locate
+from ._report import QuarantineRecord
 from ._settle import Settling, SettlingState
 
-__all__ = [
-    "EnvPool",
-    "HarnessPool",
-    "Lease",
-    "LeaseState",
-    "Pool",
-    "PoolStatistics",
-    "ScopeState",
-]
+__all__ = ["EnvPool", "HarnessPool", "Pool", "PoolStatistics"]
 
 T = TypeVar("T")
 
@@ -50,28 +43,6 @@ DEFAULT_TEARDOWN_TIMEOUT = 30.0
 DEFAULT_SETTLE_TIMEOUT = 10.0
 DEFAULT_TEARDOWN_RETRIES = 3
 DEFAULT_RETRY_BACKOFF = 1.0
-
-
-class LeaseState(StrEnum):
-    """Where a lease stands. Every borrowed lease ends released or quarantined."""
-
-    BORROWED = "borrowed"
-    """Lent to an episode."""
-    RELEASED = "released"
-    """Returned and torn down: nothing of it remains."""
-    QUARANTINED = "quarantined"
-    """Its state is unknown; never lent again, reported, teardown retried."""
-
-
-class ScopeState(StrEnum):
-    """Where a pool or a `RolloutResources` scope is in its one-way lifetime."""
-
-    UNOPENED = "unopened"
-    """Made, not entered yet: nothing is lent."""
-    OPEN = "open"
-    """Entered: leases are lent."""
-    CLOSED = "closed"
-    """Left: it cannot be entered again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,106 +66,6 @@ class PoolStatistics:
     slots_taken: int
 
 
-class Lease(Generic[T]):
-    """One borrowed resource. Run remote work on it inside `operation(name)`.
-
-    Attributes:
-        id: unique within the process.
-        resource: what the pool's factory created.
-        remote_id: the remote id (sandbox id, process id) when the resource has one.
-        kind: the resource kind, which picks a reaper in `plies reap`.
-        also_held: further remote things the resource held, read at quarantine.
-        state: a `LeaseState`.
-        reason: why it was quarantined, when it was.
-    """
-
-    __slots__ = (
-        "_ops",
-        "_pool",
-        "also_held",
-        "id",
-        "kind",
-        "reason",
-        "remote_id",
-        "resource",
-        "state",
-    )
-
-    def __init__(self, pool: Pool[T], lease_id: str, resource: T, remote_id: str | None, kind: str):
-        self._pool = pool
-        self.id = lease_id
-        self.resource = resource
-        self.remote_id = remote_id
-        self.kind = kind
-        self.also_held: list[RemoteHandle] = []
-        self.state = LeaseState.BORROWED
-        self.reason: str | None = None
-        self._ops: list[Settling] = []
-
-    def __repr__(self) -> str:
-        return f"<Lease {self.id} {self.kind}:{self.remote_id} {self.state}>"
-
-    @property
-    def in_flight(self) -> tuple[str, ...]:
-        """Names of the operations running now."""
-        return tuple(op.name for op in self._ops)
-
-    @asynccontextmanager
-    async def operation(self, name: str, *, timeout: float | None = None) -> AsyncIterator[None]:
-        """Mark a remote operation in flight.
-
-        The body runs shielded. If the episode is cancelled meanwhile, the body gets the
-        pool's `settle_timeout` more seconds to finish; if it does, the lease is released
-        normally, otherwise the lease is quarantined.
-
-        Args:
-            name: what the operation does ("step", "exec"), for reports.
-            timeout: an overall bound; when it hits, the outcome is unknown, the lease is
-                quarantined and `OperationUnsettled` is raised.
-
-        Raises:
-            UsageError: the lease is no longer borrowed.
-            OperationUnsettled: the operation was cut off (timeout or abort).
-        """
-        if self.state is not LeaseState.BORROWED:
-            raise UsageError(f"lease {self.id} is {self.state}; operations need a borrowed lease")
-        op = Settling(name, settle_timeout=self._pool.settle_timeout, timeout=timeout)
-        self._ops.append(op)
-        try:
-            async with op:
-                if self._pool.aborting:
-                    op.abort()
-                yield
-        finally:
-            self._ops.remove(op)
-            if op.state is SettlingState.UNSETTLED and self.reason is None:
-                self.reason = f"operation {name!r} did not settle"
-                if op.timeout is not None:
-                    self.reason += f" within its {op.timeout:g}s timeout"
-                elif not self._pool.aborting:
-                    self.reason += f" within settle_timeout={op.settle_timeout:g}s"
-                else:
-                    self.reason += " (aborted)"
-
-    def _abort(self) -> None:
-        for op in self._ops:
-            op.abort()
-
-
-def _remote_refs(resource: Any) -> list[Any]:
-    """What `resource.remote_refs()` (the `Env` interface) names now; [] without it."""
-    refs = getattr(resource, "remote_refs", None)
-    return list(refs()) if callable(refs) else []
-
-
-def _attribute_remote_id(resource: Any) -> str | None:
-    for attr in ("remote_id", "sandbox_id"):
-        value = getattr(resource, attr, None)
-        if value is not None:
-            return str(value)
-    return None
-
-
 async def _default_teardown(resource: Any) -> None:
     close = getattr(resource, "aclose", None) or getattr(resource, "close", None)
     if close is None:
@@ -206,7 +77,7 @@ async def _default_teardown(resource: Any) -> None:
         await result
 
 
-class Pool(Generic[T]):
+class Pool(AsyncLifecycle, Generic[T]):
     """Lends leases on resources made by `create` and removed by `teardown`.
 
     Open it with `async with` (`RolloutResources` does this for the pools it holds).
@@ -282,7 +153,6 @@ class Pool(Generic[T]):
         self._create = create
         self._teardown = teardown or _default_teardown
         self._remote_id = remote_id
-        self.state = ScopeState.UNOPENED
         self.aborting = False
         self._slots = anyio.Semaphore(limit)
         self._next_create_at = -math.inf
@@ -300,16 +170,17 @@ class Pool(Generic[T]):
         self._on_change: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} {self.state}>"
+        return f"<{type(self).__name__} {self.name!r} {self.lifecycle}>"
 
     # lifetime -------------------------------------------------------------------------------
 
+    def _noun(self) -> str:
+        return f"pool {self.name!r}"
+
     async def __aenter__(self) -> Pool[T]:
-        if self.state is not ScopeState.UNOPENED:
-            raise UsageError(f"pool {self.name!r} is {self.state}; a pool opens once")
+        self._open()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self.state = ScopeState.OPEN
         return self
 
     async def __aexit__(
@@ -325,10 +196,8 @@ class Pool(Generic[T]):
 
         Idempotent. Records of resources not torn down stay in `quarantined()`.
         """
-        if self.state is ScopeState.CLOSED or self._tg is None:
-            self.state = ScopeState.CLOSED
+        if not self._close() or self._tg is None:
             return
-        self.state = ScopeState.CLOSED
         tg, self._tg = self._tg, None
         try:
             with CancelScope(shield=True), anyio.move_on_after(0 if self.aborting else grace):
@@ -380,8 +249,7 @@ class Pool(Generic[T]):
                 await self._return(lease)
 
     def _check_lendable(self) -> None:
-        if self.state is not ScopeState.OPEN:
-            raise UsageError(f"pool {self.name!r} is {self.state}; borrow inside `async with`")
+        self._check_open("borrow (borrow inside `async with pool`)")
         if self.aborting:
             raise UsageError(f"pool {self.name!r} is aborting; it lends nothing more")
         if self._may_exist >= self.limit:
@@ -417,7 +285,7 @@ class Pool(Generic[T]):
                 except Exception as exc:
                     self._create_failures += 1
                     raise LeaseError(f"pool {self.name!r}: create failed: {exc!r}") from exc
-                remote_id, kind, _ = self._locate(resource)
+                remote_id, kind, _ = locate(resource, self._remote_id, self.kind)
                 made.append(Lease(self, lease_id, resource, remote_id, kind))
                 self._live[lease_id] = made[0]
                 self._borrowed += 1
@@ -477,29 +345,9 @@ class Pool(Generic[T]):
         self._released += 1
         self._slots.release()
 
-    def _locate(self, resource: T) -> tuple[str | None, str, list[RemoteHandle]]:
-        """The resource's remote id, kind and further remote things, read now.
-
-        This runs on the way to recording a resource, so a failure to read them (user code)
-        must not lose the record: it leaves the id unknown, which `plies reap` reports.
-        """
-        try:
-            refs = _remote_refs(resource)
-            if self._remote_id is not None:
-                remote_id = self._remote_id(resource)
-            elif refs:
-                remote_id = str(refs[0].id)
-            else:
-                remote_id = _attribute_remote_id(resource)
-            kind = refs[0].kind if refs else getattr(resource, "remote_kind", None)
-            also = [RemoteHandle(kind=r.kind, remote_id=str(r.id)) for r in refs[1:]]
-            return remote_id, kind or self.kind, also
-        except Exception:
-            return None, self.kind, []
-
     def _quarantine(self, lease: Lease[T], reason: str) -> None:
         # Read again: an env makes its sandbox in reset, after the pool created the env.
-        remote_id, kind, also_held = self._locate(lease.resource)
+        remote_id, kind, also_held = locate(lease.resource, self._remote_id, self.kind)
         if remote_id is not None:
             lease.remote_id, lease.kind = remote_id, kind
         lease.also_held = also_held

@@ -2,11 +2,10 @@
 
 A reaper is `async def reaper(remote_id) -> bool`: True when it tore the resource down, False
 when the resource was already gone; it raises when it could not tell. Reapers are keyed by
-resource kind and passed in explicitly; `builtin_reapers()` builds the ones plies knows:
-
-- "process": a local process group, by the id `process_remote_id(pid)` recorded;
-- "local-sandbox" and "e2b": the sandboxes of `plies.environments`, by sandbox id
-  (`reap_sandbox`; E2B needs `E2B_API_KEY`).
+resource kind and passed in explicitly. `builtin_reapers()` builds the runtime's own,
+"process" (a local process group, by the id `process_remote_id(pid)` recorded); layers above
+add theirs (`plies.environments.sandbox_reapers()` for sandboxes), and `plies reap` composes
+them all.
 """
 
 from __future__ import annotations
@@ -14,12 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import partial
 from pathlib import Path
 
 import anyio
@@ -126,14 +123,8 @@ async def reap_process(remote_id: str) -> bool:
 
 
 def builtin_reapers() -> dict[str, Reaper]:
-    """The reapers plies ships, keyed by resource kind. A new dict each call."""
-    from plies.environments import reap_sandbox
-
-    return {
-        "process": reap_process,
-        "local-sandbox": partial(reap_sandbox, "local-sandbox"),
-        "e2b": partial(reap_sandbox, "e2b"),
-    }
+    """The runtime's reapers, keyed by resource kind. A new dict each call, to extend."""
+    return {"process": reap_process}
 
 
 async def reap_report(
@@ -175,7 +166,7 @@ async def reap_report(
         if not entry.may_exist:
             continue
         targets = [(entry.kind, entry.remote_id)]
-        targets += [(h.kind, h.remote_id) for h in entry.also_held]
+        targets += [(ref.kind, ref.id) for ref in entry.also_held]
         outcomes = [await reap(entry.lease_id, kind, rid) for kind, rid in targets]
         results += outcomes
         if all(r.outcome in (ReapOutcome.KILLED, ReapOutcome.GONE) for r in outcomes):
@@ -183,20 +174,3 @@ async def reap_report(
     if not dry_run and entries != report.entries:
         write_report(path, report.model_copy(update={"entries": entries}))
     return results
-
-
-def reap_command(path: Path, *, dry_run: bool, timeout: float) -> int:
-    """The body of `plies reap REPORT`: one line per entry; exit 0 when nothing is left."""
-    try:
-        results = anyio.run(
-            lambda: reap_report(path, builtin_reapers(), dry_run=dry_run, timeout=timeout)
-        )
-    except ConfigError as exc:
-        print(f"plies reap: {exc}", file=sys.stderr)
-        return 2
-    for r in results:
-        detail = f" ({r.detail})" if r.detail else ""
-        print(f"{r.outcome.value:8} {r.kind} {r.remote_id} [{r.lease_id}]{detail}")
-    left = [r for r in results if r.outcome in (ReapOutcome.FAILED, ReapOutcome.SKIPPED)]
-    print(f"{len(results)} remote things may have existed; {len(left)} may still exist")
-    return 1 if left else 0

@@ -9,27 +9,18 @@ previous or the next complete report, never half of one.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._durable import write_atomic
 from .._exceptions import ConfigError
+from ._remote import RemoteRef
 
-__all__ = ["QuarantineRecord", "QuarantineReport", "RemoteHandle", "read_report", "write_report"]
+__all__ = ["QuarantineRecord", "QuarantineReport", "read_report", "write_report"]
 
 REPORT_VERSION = 1
-
-
-class RemoteHandle(BaseModel):
-    """One more remote thing a quarantined resource held (an env with several remote refs)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: str = Field(description="Its kind; `plies reap` picks a reaper by it.")
-    remote_id: str = Field(description="Its remote id.")
 
 
 class QuarantineRecord(BaseModel):
@@ -41,7 +32,7 @@ class QuarantineRecord(BaseModel):
     pool: str = Field(description="Name of the pool that lent it.")
     kind: str = Field(description="Resource kind; `plies reap` picks a reaper by it.")
     remote_id: str | None = Field(description="Remote id (sandbox id, process id), if known.")
-    also_held: list[RemoteHandle] = Field(
+    also_held: list[RemoteRef] = Field(
         default_factory=list,
         description="Further remote things the resource held; reaped with it.",
     )
@@ -80,23 +71,7 @@ class QuarantineReport(BaseModel):
 
 def write_report(path: Path, report: QuarantineReport) -> None:
     """Replace `path` with `report` atomically and durably."""
-    path = Path(path)
-    data = report.model_dump_json(indent=2).encode() + b"\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except Exception:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(Path(path), report.model_dump_json(indent=2).encode() + b"\n")
 
 
 def read_report(path: Path) -> QuarantineReport:

@@ -15,8 +15,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .._exceptions import ConfigError, UsageError
-from ._pool import Pool, PoolStatistics, ScopeState
+from .._exceptions import ConfigError
+from .._lifecycle import AsyncLifecycle
+from ._pool import Pool, PoolStatistics
 from ._report import QuarantineRecord, QuarantineReport, write_report
 
 __all__ = ["ResourcesStatistics", "RolloutResources"]
@@ -43,7 +44,7 @@ class ResourcesStatistics:
         return self.borrowed == self.live + self.released + self.quarantined
 
 
-class RolloutResources:
+class RolloutResources(AsyncLifecycle):
     """Holds the policy client and the pools episodes borrow from.
 
     The policy client is held, not owned: open and close it yourself (its lifetime usually
@@ -84,17 +85,10 @@ class RolloutResources:
         self.report_path = Path(report_path) if report_path is not None else None
         self.run_id = run_id or uuid.uuid4().hex
         self.exit_grace = exit_grace
-        self.state = ScopeState.UNOPENED
         self.aborting = False
 
     def __repr__(self) -> str:
-        return f"<RolloutResources {self.run_id} pools={list(self.pools)} {self.state}>"
-
-    def __enter__(self) -> None:
-        raise TypeError("RolloutResources is async: use `async with RolloutResources(...)`")
-
-    def __exit__(self, *exc: object) -> None:  # pragma: no cover - __enter__ always raises
-        raise TypeError("RolloutResources is async: use `async with RolloutResources(...)`")
+        return f"<RolloutResources {self.run_id} pools={list(self.pools)} {self.lifecycle}>"
 
     @property
     def env(self) -> Pool[Any]:
@@ -113,10 +107,9 @@ class RolloutResources:
             raise ConfigError(f"no pool named {name!r}; pools: {sorted(self.pools)}") from None
 
     async def __aenter__(self) -> RolloutResources:
-        if self.state is not ScopeState.UNOPENED:
-            raise UsageError(f"RolloutResources is {self.state}; a scope opens once")
         if self.report_path is not None and not self.report_path.parent.is_dir():
             raise ConfigError(f"report directory {self.report_path.parent} does not exist")
+        self._open()
         opened: list[Pool[Any]] = []
         try:
             for pool in self.pools.values():
@@ -124,9 +117,9 @@ class RolloutResources:
                 await pool.__aenter__()
                 opened.append(pool)
         except Exception:
+            self._close()  # the pools opened so far are closed for good: so is the scope
             await self._close_pools(opened)
             raise
-        self.state = ScopeState.OPEN
         return self
 
     async def __aexit__(
@@ -142,9 +135,8 @@ class RolloutResources:
 
         Idempotent. The report is written even when this is cancelled.
         """
-        if self.state is ScopeState.CLOSED:
+        if not self._close():
             return
-        self.state = ScopeState.CLOSED
         try:
             await self._close_pools(list(self.pools.values()))
         finally:

@@ -14,30 +14,24 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
-from .._exceptions import UsageError
+from .._lifecycle import Lifecycle
 from ..trajectory import Group
 
-__all__ = ["JsonlRead", "JsonlSink", "MalformedLine", "SinkState", "read_groups", "read_jsonl"]
+__all__ = ["JsonlRead", "JsonlSink", "MalformedLine", "read_groups", "read_jsonl"]
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
 
 PREVIEW_CHARS = 120
 
 
-class SinkState(StrEnum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
-class JsonlSink:
+class JsonlSink(Lifecycle):
     """Appends records to one JSONL file; resuming a run appends to the same file.
 
     Attributes:
@@ -53,17 +47,19 @@ class JsonlSink:
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
-        self.state = SinkState.UNOPENED
         self.repaired_tail = False
         self.records = 0
         self._fd = -1
 
     def __repr__(self) -> str:
-        return f"<JsonlSink {str(self.path)!r} {self.state} records={self.records}>"
+        return f"<JsonlSink {str(self.path)!r} {self.lifecycle} records={self.records}>"
+
+    def _noun(self) -> str:
+        return f"sink {self.path}"
 
     def open(self) -> JsonlSink:
-        if self.state is not SinkState.UNOPENED:
-            raise UsageError(f"sink {self.path} is {self.state}; a sink opens once")
+        """Open for appending, ending a torn last line first. A sink opens once."""
+        self._open()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         size = os.fstat(self._fd).st_size
         if size:
@@ -73,7 +69,6 @@ class JsonlSink:
                     self._write_all(b"\n")
                     os.fsync(self._fd)
                     self.repaired_tail = True
-        self.state = SinkState.OPEN
         return self
 
     def __enter__(self) -> JsonlSink:
@@ -89,8 +84,7 @@ class JsonlSink:
 
     def write(self, record: BaseModel | dict[str, Any], *, sync: bool = False) -> None:
         """Append one record as one line; with `sync`, fsync before returning."""
-        if self.state is not SinkState.OPEN:
-            raise UsageError(f"sink {self.path} is {self.state}; open it before writing")
+        self._check_open("write")
         if isinstance(record, BaseModel):
             text = record.model_dump_json()
         else:
@@ -111,12 +105,12 @@ class JsonlSink:
 
     def close(self) -> None:
         """Flush to disk and close. Idempotent."""
-        if self.state is SinkState.OPEN:
+        if self._close() and self._fd >= 0:
             try:
                 os.fsync(self._fd)
             finally:
                 os.close(self._fd)
-        self.state = SinkState.CLOSED
+                self._fd = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +129,10 @@ class MalformedLine:
 
 
 @dataclass(frozen=True, slots=True)
-class JsonlRead(Generic[M]):
+class JsonlRead(Generic[R]):
     """Everything a JSONL file held: good records and the lines that were not."""
 
-    records: list[M]
+    records: list[R]
     malformed: list[MalformedLine]
 
     @property
@@ -155,13 +149,19 @@ def _lines(path: Path) -> Iterator[tuple[int, int, bytes, bool]]:
             offset += len(raw)
 
 
-def read_jsonl(path: Path | str, model: type[M]) -> JsonlRead[M]:
-    """Read every record of `path` as `model`; report each line that is not one.
+@overload
+def read_jsonl(path: Path | str, model: type[M]) -> JsonlRead[M]: ...
+@overload
+def read_jsonl(path: Path | str, model: None = None) -> JsonlRead[dict[str, Any]]: ...
+def read_jsonl(path: Path | str, model: type[M] | None = None) -> JsonlRead[Any]:
+    """Read every record of `path` as `model` (None: JSON objects); report each line that isn't.
 
-    A missing file reads as empty.
+    A missing file reads as empty. Nothing is skipped silently: an empty line, a torn last
+    line, or a line that is not a JSON object (or not a `model`) comes back as a
+    `MalformedLine`, so the caller decides whether a damaged file is acceptable.
     """
     path = Path(path)
-    records: list[M] = []
+    records: list[Any] = []
     malformed: list[MalformedLine] = []
     if not path.exists():
         return JsonlRead(records, malformed)
@@ -169,7 +169,7 @@ def read_jsonl(path: Path | str, model: type[M]) -> JsonlRead[M]:
         try:
             if not raw.strip():
                 raise ValueError("empty line")
-            records.append(model.model_validate_json(raw))
+            records.append(_parse(raw, model))
         except (ValueError, ValidationError) as exc:
             malformed.append(
                 MalformedLine(
@@ -181,6 +181,15 @@ def read_jsonl(path: Path | str, model: type[M]) -> JsonlRead[M]:
                 )
             )
     return JsonlRead(records, malformed)
+
+
+def _parse(raw: bytes, model: type[M] | None) -> M | dict[str, Any]:
+    if model is not None:
+        return model.model_validate_json(raw)
+    record = json.loads(raw)  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    if not isinstance(record, dict):
+        raise ValueError(f"a JSON {type(record).__name__}, not an object")
+    return record
 
 
 def read_groups(path: Path | str) -> JsonlRead[Group]:

@@ -8,7 +8,10 @@ Contract (other parts of plies build on it):
 
 - `create_app(config) -> FastAPI` is the only way to get an app; there is no module-level app.
   `ServerConfig` holds `model_dir`, `state_dir`, `host`, `port`, the batching knobs
-  (`max_batch_size`, `max_queued`), `max_model_len` and `device`.
+  (`max_batch_size`, `max_queued`), `max_model_len`, `device` and the `TrainerConfig`.
+  The factory builds every router from functions (sampling, training, and, only with the
+  test-only `create_app(config, test_faults=True)` / `plies serve --test-faults`, the fault
+  routes that hold the trainer at a point so tests can crash it there).
 - `plies serve MODEL_DIR [--state-dir DIR] [--host 127.0.0.1] [--port 0]` binds loopback by
   default, logs to stderr, and prints exactly one JSON line on stdout when ready::
 
@@ -23,9 +26,10 @@ Contract (other parts of plies build on it):
   overwritten. `PolicyStore.publish(model, tokenizer) -> PolicyRef` writes the next version;
   `PolicyStore.read_ref(path)` reads the `PolicyRef` of a published directory. Reopening a state
   dir finds what was published; the server then serves the latest version.
-- Served names: version k of the store is served as `served_name(k) == "policy-k"`. A
-  completion request names its policy with `model`; several policies are served at once, so an
-  episode started on version k can finish on k while new episodes start on k + 1. Every
+- Served names: version k of the store is served as `plies.wire.served_name(k) == "policy-k"`,
+  the one naming rule that clients share. A completion request names its policy with
+  `model`; several policies are served at once, so an episode started on version k can
+  finish on k while new episodes start on k + 1. Every
   completion response carries `plies_policy`, the `PolicyRef` of the weights that produced it,
   and `/v1/models` lists each served name with its `plies_policy`.
 - Loading and unloading, shaped like vLLM's LoRA endpoints, but taking a *published policy
@@ -33,34 +37,34 @@ Contract (other parts of plies build on it):
   `POST /v1/load_lora_adapter {"lora_name": "policy-3", "lora_path": "<published dir>"}` and
   `POST /v1/unload_lora_adapter {"lora_name": "policy-2"}`. In process, the same operations are
   `await Engine.load(name, path) -> PolicyRef` and `Engine.unload(name)`.
-- Shared state for routes: `server_state(request) -> ServerState(config, store, engine)`.
-  The training routes live in `_training_routes.py` (another module, written separately) and
-  expose `router: fastapi.APIRouter`; `create_app` includes it. They reach the store and engine
-  through `server_state(request)`.
+- Shared state for routes: `server_state(request) -> ServerState(config, store, engine,
+  tokenizer)`, in its own module so that routers never import the app factory.
+- Wire schemas: the request and response models are `plies.wire.sampling` and
+  `plies.wire.training`, shared with the clients; the server imports no client package.
 - Logprob convention (shared with training): the logprob of each sampled token under the
   distribution it was sampled from: logits / temperature, then top-k, then top-p (both as
   masks, then renormalised by the softmax). `processed_logprobs` computes exactly that, so the
   trainer can compute the same quantity. At temperature 0 (greedy) the logprob is that of the
   raw logits (as vLLM's `--logprobs-mode processed_logprobs` reports it).
-- `POST /generate` speaks SGLang's native subset (`input_ids`, `return_logprob`) against the
-  most recently loaded policy and reports its version as `meta_info.weight_version`.
+- `POST /generate` speaks SGLang's native subset (`input_ids`, `return_logprob`), sampling
+  from the policy served under `lora_path` (SGLang's adapter name; without one, the most
+  recently loaded policy) and reports its version as `meta_info.weight_version`.
 - `GET /plies/stats` returns the engine's counters (forward passes, rows per pass, requests).
 """
 
-from __future__ import annotations
-
-from ._app import ServerState as ServerState
 from ._app import create_app as create_app
-from ._app import server_state as server_state
 from ._config import ServerConfig as ServerConfig
+from ._config import TrainerConfig as TrainerConfig
 from ._engine import Engine as Engine
 from ._engine import EngineStats as EngineStats
 from ._engine import GenerateParams as GenerateParams
 from ._engine import GenerateResult as GenerateResult
 from ._policies import PolicyStore as PolicyStore
-from ._policies import served_name as served_name
 from ._policies import weights_digest as weights_digest
 from ._sampling import processed_logprobs as processed_logprobs
+from ._serve import serve as serve
+from ._state import ServerState as ServerState
+from ._state import server_state as server_state
 
 __all__ = [
     "Engine",
@@ -70,9 +74,10 @@ __all__ = [
     "PolicyStore",
     "ServerConfig",
     "ServerState",
+    "TrainerConfig",
     "create_app",
     "processed_logprobs",
-    "served_name",
+    "serve",
     "server_state",
     "weights_digest",
 ]

@@ -1,4 +1,8 @@
-"""Configuration of the reference server."""
+"""Configuration of the reference server: what a production `plies serve` may set.
+
+Test-only behaviour (holding the trainer at a fault point) is not configuration: it is
+switched on by `create_app(..., test_faults=True)` alone, see `_faults.py`.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._trainer import TrainerConfig
+__all__ = ["ServerConfig", "TrainerConfig"]
 
-__all__ = ["ServerConfig"]
+
+class TrainerConfig(BaseModel):
+    """Knobs of the trainer behind the training routes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_head_rows: int = Field(
+        default=512, ge=1, description="Most loss positions per micro-batch (head rows)."
+    )
+    max_micro_tokens: int = Field(
+        default=16384, ge=1, description="Most padded tokens per micro-batch forward."
+    )
+    keep_checkpoints: int = Field(default=1, ge=1, description="Checkpoints kept on disk.")
 
 
 class ServerConfig(BaseModel):

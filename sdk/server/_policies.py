@@ -22,17 +22,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .._durable import fsync_dir, fsync_tree
 from .._exceptions import ConfigError, PliesError
 from ..trajectory import PolicyRef
 
-__all__ = ["POLICY_FILE", "PolicyStore", "served_name", "weights_digest"]
+__all__ = ["POLICY_FILE", "PolicyStore", "weights_digest"]
 
 POLICY_FILE = "policy.json"
-
-
-def served_name(version: int) -> str:
-    """The name under which the reference server serves store version `version`."""
-    return f"policy-{version}"
 
 
 def weights_digest(path: Path) -> str:
@@ -48,22 +44,6 @@ def weights_digest(path: Path) -> str:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
     return "sha256:" + h.hexdigest()
-
-
-def _fsync_tree(root: Path) -> None:
-    for f in root.iterdir():
-        if f.is_file():
-            with f.open("rb") as fh:
-                os.fsync(fh.fileno())
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PolicyStore:
@@ -179,11 +159,11 @@ class PolicyStore:
                     uri=final.resolve().as_uri(), version=version, digest=weights_digest(tmp)
                 )
                 (tmp / POLICY_FILE).write_text(ref.model_dump_json() + "\n")
-                _fsync_tree(tmp)
+                fsync_tree(tmp)
                 if final.exists():
                     raise PliesError(f"policy version {version} already exists at {final}")
                 os.rename(tmp, final)
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
                 return ref
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import shutil
@@ -14,20 +15,42 @@ import anyio
 from pydantic import ValidationError
 
 from .._exceptions import ConfigError
+from ..wire.sampling import served_name
 from ._app import create_app
 from ._config import ServerConfig
-from ._policies import served_name, weights_digest
+from ._policies import weights_digest
 
 __all__ = ["serve"]
 
 log = logging.getLogger("plies.server")
 
 
-def serve(config: ServerConfig | None = None, *, threads: int | None = None, **options) -> int:
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    config: ServerConfig | None = None,
+    *,
+    threads: int | None = None,
+    test_faults: bool = False,
+    **options: object,
+) -> int:
     """Run the server until SIGINT/SIGTERM; return the exit code.
 
     Without a `state_dir` the published policies go to a temporary directory that is removed
     at exit. Logs go to stderr; stdout carries only the ready line.
+
+    Args:
+        config: the whole configuration; or pass `ServerConfig`'s fields as `options`.
+        threads: torch intra-op threads.
+        test_faults: mount the test-only fault routes (`plies serve --test-faults`); refused
+            unless the server binds a loopback address.
     """
     import torch
 
@@ -40,6 +63,11 @@ def serve(config: ServerConfig | None = None, *, threads: int | None = None, **o
     try:
         if config is None:
             config = ServerConfig(**{**options, "state_dir": options.get("state_dir") or "."})
+        if test_faults and not _is_loopback(config.host):
+            raise ConfigError(
+                f"--test-faults lets any client hold the trainer; it is refused on {config.host}, "
+                "bind a loopback address"
+            )
         weights_digest(config.model_dir)  # fail before binding a port, with a clear message
     except (ValidationError, ConfigError) as e:
         log.error("cannot serve: %s", e)
@@ -49,16 +77,16 @@ def serve(config: ServerConfig | None = None, *, threads: int | None = None, **o
         config = config.model_copy(update={"state_dir": scratch})
         log.info("no --state-dir: publishing to %s, removed at exit", scratch)
     try:
-        return anyio.run(_run, config)
+        return anyio.run(_run, config, test_faults)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def _run(config: ServerConfig) -> int:
+async def _run(config: ServerConfig, test_faults: bool) -> int:
     import uvicorn
 
-    app = create_app(config)
+    app = create_app(config, test_faults=test_faults)
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))

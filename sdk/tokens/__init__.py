@@ -6,7 +6,8 @@
   exact; otherwise the prompt is fully re-rendered and the `Fallback` says why.
 - `ResponseParser` / `ParsedResponse`: sampled ids to content, reasoning and tool calls with
   transformers' `parse_response` and the response template known for the exact chat template.
-- `PromptDelta`: what a recorder stores per turn (`Turn(prompt_ids=d.ids, extends=d.extends)`).
+- `PromptDelta`: what a recorder stores per turn (`Turn.from_completion(delta, completion)`).
+- `run_doctor`: the report of `plies doctor` (is this template safe for incremental prompts?).
 
 Example::
 
@@ -25,6 +26,7 @@ Example::
 See docs/tito.md for the guarantees and the pitfalls per model family.
 """
 
+from ._doctor import run_doctor as run_doctor
 from ._parser import ParsedResponse as ParsedResponse
 from ._parser import ResponseParser as ResponseParser
 from ._probe import Fallback as Fallback
@@ -49,6 +51,7 @@ __all__ = [
     "Template",
     "TemplateProfile",
     "TransitionKind",
+    "run_doctor",
 ]
 
 for _name in __all__:

@@ -41,7 +41,7 @@ class PromptDelta:
 
     Attributes:
         ids: the tokens added after the previous prompt + completion when `extends`, else the
-            whole prompt. Build `plies.trajectory.Turn(prompt_ids=ids, extends=extends, ...)`.
+            whole prompt. Record it with `Turn.from_completion(delta, completion)`.
         extends: the prompt is the previous prompt + completion + `ids`.
         fallback: why the prompt was fully re-rendered, when it was after the first turn.
     """

@@ -4,31 +4,32 @@
 - `grpo_advantages` / `group_advantages` and `training_batch` turn groups into a
   `TrainingBatch` (segments with per-token advantages).
 - `TrainingClient` sends `forward_backward`, `optim_step` and `save_policy` with operation
-  ids, reconciles unknown outcomes with the server, and publishes policies to samplers.
+  ids and reconciles unknown outcomes with the server.
 
-The loop and its guarantees are described in docs/training.md.
+The schemas (`Datum`, `TrainingBatch`, `AdamParams`, results) are defined in
+`plies.wire.training`, shared with the server, and re-exported here. Publishing a saved policy
+to samplers is `plies.policy.publish`. The loop and its guarantees are in docs/training.md.
 """
 
+from ..wire.training import AdamParams as AdamParams
+from ..wire.training import Datum as Datum
+from ..wire.training import ForwardBackwardResult as ForwardBackwardResult
+from ..wire.training import LossName as LossName
+from ..wire.training import OpRecord as OpRecord
+from ..wire.training import OpStatus as OpStatus
+from ..wire.training import OptimStepResult as OptimStepResult
+from ..wire.training import SavePolicyResult as SavePolicyResult
+from ..wire.training import TrainerState as TrainerState
+from ..wire.training import TrainingBatch as TrainingBatch
 from ._advantages import group_advantages as group_advantages
 from ._advantages import grpo_advantages as grpo_advantages
 from ._advantages import training_batch as training_batch
-from ._client import PolicyLoader as PolicyLoader
 from ._client import TrainingClient as TrainingClient
 from ._groups import GroupSelection as GroupSelection
 from ._groups import Refusal as Refusal
 from ._groups import RefusalReason as RefusalReason
 from ._groups import Truncated as Truncated
 from ._groups import training_groups as training_groups
-from ._wire import AdamParams as AdamParams
-from ._wire import Datum as Datum
-from ._wire import ForwardBackwardResult as ForwardBackwardResult
-from ._wire import LossName as LossName
-from ._wire import OpRecord as OpRecord
-from ._wire import OpStatus as OpStatus
-from ._wire import OptimStepResult as OptimStepResult
-from ._wire import SavePolicyResult as SavePolicyResult
-from ._wire import TrainerState as TrainerState
-from ._wire import TrainingBatch as TrainingBatch
 
 __all__ = [
     "AdamParams",
@@ -39,7 +40,6 @@ __all__ = [
     "OpRecord",
     "OpStatus",
     "OptimStepResult",
-    "PolicyLoader",
     "Refusal",
     "RefusalReason",
     "SavePolicyResult",
@@ -53,7 +53,8 @@ __all__ = [
     "training_groups",
 ]
 
-for _name in __all__:
-    if _name != "LossName":
-        globals()[_name].__module__ = "plies.training"
-del _name
+for _name in __all__:  # what is defined in a private module reports this package instead
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("plies.training._"):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from .._exceptions import ConfigError
 from ..trajectory import Group
-from ._wire import Datum, TrainingBatch
+from ..wire.training import Datum, TrainingBatch
 
 __all__ = ["group_advantages", "grpo_advantages", "training_batch"]
 

@@ -18,11 +18,9 @@ The client remembers the forward_backward ops whose gradients wait for the next
 
 from __future__ import annotations
 
-import enum
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -41,9 +39,9 @@ from .._exceptions import (
     TrainingQuarantined,
     UsageError,
 )
-from ..policy import VLLMClient, load_lora_adapter, policy_path, reload_weights
+from .._lifecycle import AsyncLifecycle
 from ..trajectory import PolicyRef
-from ._wire import (
+from ..wire.training import (
     AdamParams,
     ErrorCode,
     ForwardBackwardRequest,
@@ -60,25 +58,12 @@ from ._wire import (
     check_op_id,
 )
 
-__all__ = ["PolicyLoader", "TrainingClient"]
+__all__ = ["TrainingClient"]
 
 R = TypeVar("R", bound=BaseModel)
 
 _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport errors raised before any byte of the request left: the server saw nothing."""
-
-
-@runtime_checkable
-class PolicyLoader(Protocol):
-    """A sampler that can load a published policy itself (e.g. a vLLM publish cycle)."""
-
-    async def load_policy(self, policy: PolicyRef) -> Any: ...
-
-
-class _State(enum.Enum):
-    UNOPENED = 1
-    OPENED = 2
-    CLOSED = 3
 
 
 class _Unreachable(Exception):
@@ -94,8 +79,8 @@ def _error_body(resp: httpx.Response) -> dict[str, Any]:
     return err if isinstance(err, dict) else {"message": str(err)}
 
 
-class TrainingClient:
-    """Async client of a plies trainer (`plies serve`). Use as `async with`.
+class TrainingClient(AsyncLifecycle):
+    """Async client of a plies trainer (`plies serve`). Use as `async with`; opens once.
 
     Args:
         base_url: the server, e.g. the `url` of `plies serve`'s ready line.
@@ -108,7 +93,7 @@ class TrainingClient:
             await trainer.forward_backward(batch, loss="ppo")
             await trainer.optim_step(AdamParams(lr=1e-4))
             policy = await trainer.save_policy()
-            await trainer.publish(policy, [url])
+        await publish(policy, [sampler])  # plies.policy.publish: samplers load it
     """
 
     def __init__(
@@ -126,35 +111,26 @@ class TrainingClient:
         self.reconcile_timeout = reconcile_timeout
         self._headers = dict(headers or {})
         self._http: httpx.AsyncClient | None = None
-        self._state = _State.UNOPENED
         self._pending: list[str] = []
         self._quarantine: tuple[str, str] | None = None  # (op_id, why)
 
     # -- lifetime -------------------------------------------------------------------------
 
     async def __aenter__(self) -> TrainingClient:
-        if self._state is not _State.UNOPENED:
-            raise UsageError(f"TrainingClient can be opened once; it is {self._state.name}")
+        self._open()
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(self.timeout, connect=5.0),
             headers=self._headers,
         )
-        self._state = _State.OPENED
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-    def __enter__(self):
-        raise TypeError("use `async with TrainingClient(...) as trainer:`, not `with`")
-
-    def __exit__(self, *exc_info) -> None:  # pragma: no cover - __enter__ always raises
-        pass
 
     async def aclose(self) -> None:
         """Close connections. Safe to call more than once."""
-        self._state = _State.CLOSED
+        self._close()
         if self._http is not None:
             http, self._http = self._http, None
             await http.aclose()
@@ -210,71 +186,12 @@ class TrainingClient:
         return result
 
     async def save_policy(self, *, op_id: str | None = None) -> PolicyRef:
-        """Publish the current weights as a new immutable policy and return its `PolicyRef`."""
+        """Save the current weights as a new immutable policy and return its `PolicyRef`.
+
+        Samplers serve it once it is published to them (`plies.policy.publish`).
+        """
         req = SavePolicyRequest(op_id=self._op_id(op_id, "save"))
         return (await self._submit("/v1/training/save_policy", req, SavePolicyResult)).policy
-
-    async def publish(
-        self,
-        policy: PolicyRef,
-        samplers: Sequence[str | VLLMClient | PolicyLoader],
-        *,
-        name: str | None = None,
-        reload: bool = False,
-    ) -> None:
-        """Make `policy` servable on each sampler, under `name` (default `policy-<version>`).
-
-        - a string is the base URL of a plies reference server: its `/v1/load_lora_adapter`
-          loads the published directory, and the digest it reports is checked;
-        - a `VLLMClient` (vLLM, or a reference server sampled through it) goes through
-          `plies.policy`'s publish cycle, which also records the name -> policy map the client
-          tags completions with: `load_lora_adapter` serves it next to older policies, or with
-          `reload=True`, `reload_weights` swaps the weights behind `name` (default: the
-          client's model) in place;
-        - anything else is a `PolicyLoader` and loads the policy itself.
-
-        Publishing a policy a sampler already serves is harmless, so a failed publish may be
-        repeated.
-
-        Raises:
-            TrainingError: a reference server refused or reported other weights.
-            PolicyError: a vLLM publish cycle failed.
-        """
-        self._client()
-        served = name or f"policy-{policy.version}"
-        for sampler in samplers:
-            if isinstance(sampler, VLLMClient):
-                if reload:
-                    await reload_weights(sampler, policy, name=name)
-                    continue
-                if sampler.served().get(served) != policy:
-                    await sampler.refresh()  # it may already serve it (an earlier publish)
-                if sampler.served().get(served) != policy:
-                    await load_lora_adapter(
-                        sampler, served, policy, replace=served in sampler.served()
-                    )
-            elif isinstance(sampler, str):
-                await self._load_on_reference_server(sampler, served, policy)
-            elif isinstance(sampler, PolicyLoader):
-                await sampler.load_policy(policy)
-            else:
-                raise ConfigError(f"cannot publish to {sampler!r}: not a URL, VLLMClient or loader")
-
-    async def _load_on_reference_server(self, url: str, served: str, policy: PolicyRef) -> None:
-        body = {"lora_name": served, "lora_path": str(policy_path(policy)), "load_inplace": True}
-        try:
-            resp = await self._client().post(f"{url.rstrip('/')}/v1/load_lora_adapter", json=body)
-        except httpx.TransportError as exc:
-            raise TrainingError(f"could not publish {served} to {url}: {exc!r}") from exc
-        if resp.status_code != 200:
-            msg = _error_body(resp).get("message")
-            raise TrainingError(f"{url} refused to load {served}: {msg}")
-        loaded = resp.json().get("plies_policy") or {}
-        if loaded.get("digest") != policy.digest:
-            raise TrainingError(
-                f"{url} loaded {served} with digest {loaded.get('digest')}, "
-                f"expected {policy.digest}"
-            )
 
     async def op(self, op_id: str) -> OpRecord | None:
         """The server's record of an op, or None when it never applied it."""
@@ -284,7 +201,7 @@ class TrainingClient:
         return self._parse(resp, OpRecord)
 
     async def state(self) -> TrainerState:
-        """The trainer's step, generation and accumulated ops."""
+        """The trainer's step, generation and accumulated ops, as the server sees them."""
         return self._parse(await self._get("/v1/training/state"), TrainerState)
 
     async def reconcile(self) -> OpRecord | None:
@@ -310,9 +227,9 @@ class TrainingClient:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._state is not _State.OPENED or self._http is None:
-            raise UsageError(f"TrainingClient is {self._state.name}; use it inside `async with`")
+    def _client(self, action: str = "send a request") -> httpx.AsyncClient:
+        self._check_open(action)
+        assert self._http is not None  # set on open, cleared on close
         return self._http
 
     def _op_id(self, op_id: str | None, kind: str) -> str:

@@ -6,15 +6,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from plies.runtime import read_groups
+from plies.testing import plies_command
 
-DEMO = [sys.executable, "-c", "from plies.cli import app; app()", "demo", "blackjack"]
+DEMO = plies_command("demo", "blackjack")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 

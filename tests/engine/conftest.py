@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plies import models
+from plies import testing
 from plies.server import PolicyStore
 
 VLLM_PYTHON = os.environ.get("PLIES_VLLM_PYTHON")
@@ -50,8 +50,8 @@ def _free_port() -> int:
 def vllm_store(tmp_path_factory) -> PolicyStore:
     """Version 0 = the tiny model, version 1 = the same architecture with other weights."""
     root = tmp_path_factory.mktemp("vllm-store")
-    store = PolicyStore.open(root / "state", models.tiny_model_dir())
-    store.publish_dir(models.build_tiny_model(root / "seed1", seed=1))
+    store = PolicyStore.open(root / "state", testing.tiny_model_dir())
+    store.publish_dir(testing.build_tiny_model(root / "seed1", seed=1))
     return store
 
 

@@ -189,16 +189,7 @@ async def test_multi_turn_episode_records_every_turn_unchanged(vllm_server, forw
             c = await client.sample(prompt, params, session=trajectory.id)
             sent.append(prompt)
             answers.append(c)
-            trajectory.turns.append(
-                Turn(
-                    prompt_ids=delta.ids,
-                    extends=delta.extends,
-                    completion_ids=c.ids,
-                    logprobs=c.logprobs,
-                    finish_reason=c.finish_reason,
-                    policy=c.policy,
-                )
-            )
+            trajectory.turns.append(Turn.from_completion(delta, c))
             conv.add_completion(c.ids, c.finish_reason)
             conv.add_messages([{"role": "user", "content": str(turn + 2)}])
     restored = Trajectory.model_validate_json(trajectory.model_dump_json())

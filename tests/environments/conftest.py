@@ -2,52 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import os
-import selectors
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from plies.testing import serve_process_sync
 
 
 @contextmanager
 def serve_blackjack(max_sessions: int, timeout_s: float = 90.0) -> Iterator[dict[str, Any]]:
     """Run `python -m plies.environments.openenv_server`; yield its ready line plus `process`."""
+    argv = [sys.executable, "-m", "plies.environments.openenv_server", "--port", "0"]
+    argv += ["--max-sessions", str(max_sessions)]
     env = {k: v for k, v in os.environ.items() if k != "ENABLE_WEB_INTERFACE"}
-    with tempfile.TemporaryFile() as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "plies.environments.openenv_server", "--port", "0",
-             "--max-sessions", str(max_sessions)],
-            stdout=subprocess.PIPE, stderr=stderr, env=env, text=True,
-        )  # fmt: skip
-        try:
-            sel = selectors.DefaultSelector()
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            deadline = time.monotonic() + timeout_s
-            line = ""
-            while not line and time.monotonic() < deadline and proc.poll() is None:
-                if sel.select(timeout=0.2):
-                    line = proc.stdout.readline()
-            if not line:
-                stderr.seek(0)
-                raise RuntimeError(f"server did not start: {stderr.read().decode()[-2000:]}")
-            yield {**json.loads(line), "process": proc}
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            proc.stdout.close()
+    with tempfile.TemporaryDirectory() as logs:
+        log = Path(logs) / "openenv.log"
+        with serve_process_sync(argv, log=log, env=env, ready_timeout=timeout_s) as server:
+            yield {**server.ready, "process": server.process}
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from e2b.retry import resolve_idempotency_key
 from e2b.sandbox_async.commands.command import Commands
 from e2b.sandbox_async.filesystem.filesystem import Filesystem
 
-from plies._exceptions import SandboxError
+from plies import SandboxError
 from plies.environments import E2BBackend, SandboxedBlackjackEnv, Task, reap_sandbox
 from plies.environments.e2b_backend import idempotency_key
 

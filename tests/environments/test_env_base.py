@@ -9,9 +9,10 @@ import anyio
 import pytest
 from pydantic import Field
 
-from plies._exceptions import EnvError, ToolError, UsageError
+from plies import EnvError, OpenState, ToolError, UsageError
 from plies.environments import BlackjackEnv, Env, Observation, Task, ToolResult, tool
 from plies.environments.blackjack import BlackjackGame, total
+from plies.runtime import HoldsRemote
 
 pytestmark = pytest.mark.anyio
 
@@ -219,3 +220,15 @@ async def test_blackjack_without_seed_records_a_fresh_one():
         obs = await env.reset(Task(id="t"))
     game = BlackjackGame.deal(obs.info["seed"])
     assert obs.info["player_cards"] == game.player
+
+
+async def test_an_env_holds_remote_state_as_the_runtime_names_it():
+    env = Counter()
+    assert isinstance(env, HoldsRemote) and env.remote_refs() == []
+    assert env.lifecycle is OpenState.UNOPENED
+    await env.reset(Task(id="t"))
+    assert env.lifecycle is OpenState.OPEN
+    await env.close()
+    assert env.lifecycle is OpenState.CLOSED
+    with pytest.raises(UsageError, match="single-use and was already closed"):
+        await env.reset(Task(id="t"))

@@ -8,7 +8,7 @@ import anyio
 import pytest
 from openenv.core import GenericEnvClient
 
-from plies._exceptions import EnvCapacityError, EnvError, ToolError, UsageError
+from plies import EnvCapacityError, EnvError, ToolError, UsageError
 from plies.environments import BlackjackEnv, Task, ToolResult
 from plies.environments.blackjack import BlackjackGame
 from plies.environments.openenv_client import OpenEnvEndpoint, OpenEnvEnv, action_tools

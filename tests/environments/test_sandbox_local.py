@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from plies._exceptions import ConfigError, SandboxError
+from plies import ConfigError, SandboxError
 from plies.environments import LocalProcessBackend, Sandbox, SandboxBackend, reap_sandbox
 
 pytestmark = pytest.mark.anyio

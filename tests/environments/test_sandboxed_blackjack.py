@@ -11,7 +11,7 @@ import httpx
 import pytest
 from _e2b_fake import FakeE2BCloud
 
-from plies._exceptions import SandboxError
+from plies import SandboxError
 from plies.environments import (
     BlackjackEnv,
     E2BBackend,

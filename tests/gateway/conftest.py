@@ -10,16 +10,11 @@ trajectory against exactly what the engine answered.
 
 from __future__ import annotations
 
-import json
-import signal
 import socket
-import subprocess
-import sys
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -35,7 +30,6 @@ from plies.gateway import Gateway, GatewayServer
 from plies.policy import SamplingParams, VLLMClient
 from plies.tokens import ChatRenderer
 
-PLIES = str(Path(sys.executable).with_name("plies"))
 SCRIPTED_POLICY = {"uri": "file:///scripted-engine", "version": 0, "digest": ""}
 
 TOOLS = [
@@ -60,24 +54,6 @@ TOOLS = [
         },
     },
 ]
-
-
-def read_ready_line(proc: subprocess.Popen) -> dict[str, Any]:
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait(timeout=10)
-        raise RuntimeError(f"server exited with {proc.returncode} before its ready line")
-    return json.loads(line)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 
 import httpx
 import openai
-from conftest import read_ready_line
+
+from plies.testing import plies_command, serve_process_sync
 
 
-def test_standalone_gateway_serves_sessions_over_http(policy_server, qwen3_tokenizer_dir):
-    cmd = [sys.executable, "-c", "from plies.cli import app; app()", "gateway"]
-    cmd += ["--sampler", policy_server.url, "--tokenizer", str(qwen3_tokenizer_dir)]
-    cmd += ["--max-tokens", "6"]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-    )
-    try:
-        ready = read_ready_line(proc)
-        url, admin = ready["url"], ready["admin_token"]
+def test_standalone_gateway_serves_sessions_over_http(policy_server, qwen3_tokenizer_dir, tmp_path):
+    cmd = plies_command("gateway", "--sampler", policy_server.url)
+    cmd += ["--tokenizer", str(qwen3_tokenizer_dir), "--max-tokens", "6"]
+    with serve_process_sync(cmd, log=tmp_path / "gateway.log") as gateway:
+        url, admin = gateway.url, gateway.ready["admin_token"]
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
         auth = {"authorization": f"Bearer {admin}"}
         with httpx.Client(base_url=url, timeout=60) as http:
@@ -46,9 +39,5 @@ def test_standalone_gateway_serves_sessions_over_http(policy_server, qwen3_token
             other = http.post("/sessions", headers=auth).json()["key"]
             assert http.delete(f"/sessions/{other}", headers=auth).status_code == 204
             assert http.delete(f"/sessions/{other}", headers=auth).status_code == 401
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        gateway.process.send_signal(signal.SIGINT)
+        assert gateway.process.wait(timeout=30) == 130

@@ -17,7 +17,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from plies import Status, Trajectory
-from plies.demo_blackjack import SYSTEM_PROMPT, TEMPLATE_KWARGS, openenv_server
 from plies.environments import (
     BlackjackEnv,
     LocalProcessBackend,
@@ -30,6 +29,7 @@ from plies.environments import (
 )
 from plies.harness import EpisodeLimits, StopReason, ToolCallingHarness
 from plies.policy import Completion, SamplingParams, VLLMClient
+from plies.recipes.blackjack import SYSTEM_PROMPT, TEMPLATE_KWARGS, openenv_server
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
 from plies.tokens import ChatRenderer
 

@@ -46,14 +46,14 @@ async def stats(url: str) -> dict:
 async def test_clients_implement_the_protocol_and_their_lifetime_is_checked(policy_server):
     client = VLLMClient(policy_server.url, policy_server.model)
     assert isinstance(client, PolicyClient)
-    with pytest.raises(UsageError, match="inside `async with`"):
+    with pytest.raises(UsageError, match="cannot sample: this VLLMClient was never opened"):
         await client.sample(PROMPT, SamplingParams(max_tokens=2))
     with pytest.raises(TypeError, match="async with"), client:
         pass
     async with client:
         await client.sample(PROMPT, SamplingParams(max_tokens=2))
     await client.aclose()  # idempotent
-    with pytest.raises(UsageError, match="opened once"):
+    with pytest.raises(UsageError, match="is closed; create a new one"):
         await client.__aenter__()
     assert isinstance(SGLangClient(policy_server.url), PolicyClient)
 
@@ -136,3 +136,13 @@ async def test_sglang_client_speaks_generate(policy_server, tiny_model_dir, forw
     async with SGLangClient(policy_server.url, policy=v0) as client:
         with pytest.raises(PolicyResponseError, match="weight_version '0'"):
             await client.sample(PROMPT, SamplingParams(max_tokens=2))
+    # A served name picks the policy (SGLang's `lora_path`); an unknown one is refused.
+    named = SGLangClient(
+        policy_server.url, model=policy_server.model, policy=v0, weight_version="0"
+    )
+    async with named as client:
+        assert (await client.sample(PROMPT, SamplingParams(max_tokens=2))).policy == v0
+    async with SGLangClient(policy_server.url, model="policy-99", policy=v0) as client:
+        with pytest.raises(PolicyResponseError, match="policy-99") as err:
+            await client.sample(PROMPT, SamplingParams(max_tokens=2))
+        assert err.value.status == 404

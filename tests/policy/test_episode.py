@@ -37,16 +37,7 @@ async def test_every_turn_is_recorded_exactly_as_sampled(
             answer = await c.sample(prompt, params, session=trajectory.id)
             sent.append(prompt)
             answers.append(answer)
-            trajectory.turns.append(
-                Turn(
-                    prompt_ids=delta.ids,
-                    extends=delta.extends,
-                    completion_ids=answer.ids,
-                    logprobs=answer.logprobs,
-                    finish_reason=answer.finish_reason,
-                    policy=answer.policy,
-                )
-            )
+            trajectory.turns.append(Turn.from_completion(delta, answer))
             conv.add_completion(answer.ids, answer.finish_reason)
             conv.add_messages([{"role": "user", "content": str(turn + 2)}])
 

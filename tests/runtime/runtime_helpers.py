@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import anyio
 from anyio.abc import Process
 
 from plies.runtime import process_remote_id
+from plies.testing import ServerProcess, spawn_server, stop_server
 
 OP_SERVER = Path(__file__).with_name("op_server.py")
 
@@ -22,49 +21,28 @@ class OpProcess:
 
     remote_kind = "process"
 
-    def __init__(self, process: Process, url: str):
-        self.process = process
-        self.url = url
-        self.pid = process.pid
-        self.remote_id = process_remote_id(process.pid)
+    def __init__(self, server: ServerProcess[Process]):
+        self.server = server
+        self.process = server.process
+        self.url = server.url
+        self.pid = server.pid
+        self.remote_id = process_remote_id(server.pid)
 
     async def aclose(self) -> None:
         """Terminate the process and wait for it: a teardown that succeeds."""
-        if self.process.returncode is None:
-            self.process.terminate()
-        await self.process.wait()
-        await self.process.aclose()
+        await stop_server(self.server)
 
 
 async def spawn_op_server(on_spawn: Callable[[int], None] | None = None) -> OpProcess:
     """Start `op_server.py` and wait for its ready line.
 
-    A factory must not leak what it started when it fails or is cancelled half way: the
-    process is killed (shielded) unless it was handed out.
+    A factory must not leak what it started when it fails or is cancelled half way;
+    `spawn_server` stops the process (shielded) unless it was handed out. The op server
+    writes nothing to stderr, so there is no log to keep.
     """
-    process = await anyio.open_process(
-        [sys.executable, str(OP_SERVER)],
-        stdin=None,
-        stderr=None,
-        start_new_session=True,
-    )
-    if on_spawn is not None:
-        on_spawn(process.pid)
-    handed_out = False
-    try:
-        buf = b""
-        with anyio.fail_after(20):
-            while not buf.endswith(b"\n"):
-                assert process.stdout is not None
-                buf += await process.stdout.receive()
-        info = json.loads(buf)
-        handed_out = True
-        return OpProcess(process, info["url"])
-    finally:
-        if not handed_out:
-            with anyio.CancelScope(shield=True):
-                process.kill()
-                await process.aclose()
+    argv = [sys.executable, str(OP_SERVER)]
+    server = await spawn_server(argv, log=Path(os.devnull), ready_timeout=20, on_spawn=on_spawn)
+    return OpProcess(server)
 
 
 def alive(pid: int) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from anyio import WouldBlock
 from rich.console import Console
 
-from plies import AdmissionClosed, ConfigError, PolicyRef, Status
+from plies import AdmissionClosed, ConfigError, PolicyRef, Status, Trajectory
 from plies.runtime import (
     EnvPool,
     GroupSpec,
@@ -18,6 +18,7 @@ from plies.runtime import (
     RolloutDriver,
     RolloutResources,
     read_groups,
+    read_jsonl,
 )
 
 REF = PolicyRef(uri="plies://test/policies/0", version=0)
@@ -132,3 +133,38 @@ async def test_live_progress_draws_on_a_terminal_only():
         async with LiveProgress(driver, console=Console(file=pipe)) as progress:
             assert not progress.enabled
         assert pipe.getvalue() == ""
+
+
+def test_the_reader_reads_free_form_records_and_reports_what_is_not_an_object(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 0.5}\n[1, 2]\nnot json\n{"step": 2}\n{"st')
+    read = read_jsonl(path)
+    assert read.records == [{"step": 1, "loss": 0.5}, {"step": 2}]
+    assert [(m.line, m.torn) for m in read.malformed] == [(2, False), (3, False), (5, True)]
+    assert "not an object" in read.malformed[0].error
+
+
+@pytest.mark.anyio
+async def test_an_episode_that_settled_its_own_record_gets_the_driver_s_ids_on_a_copy():
+    returned: list[Trajectory] = []
+
+    async def settles_itself(ctx):
+        traj = Trajectory(task_id="elsewhere")
+        traj.settle(Status.TRUNCATED, reward=0.5)
+        returned.append(traj)
+        return traj
+
+    async with (
+        RolloutResources(pools=[EnvPool(make)]) as res,
+        RolloutDriver(res, settles_itself, policy=REF) as driver,
+    ):
+        await driver.admit(GroupSpec("t", id="g"))
+        await driver.stop()
+        ((member,),) = [g.trajectories for g in driver.collect()]
+    assert (member.task_id, member.group_id, member.status, member.reward) == (
+        "t",
+        "g",
+        Status.TRUNCATED,
+        0.5,
+    )
+    assert (returned[0].task_id, returned[0].group_id) == ("elsewhere", "")

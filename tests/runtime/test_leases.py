@@ -13,12 +13,12 @@ import pytest
 from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server, take
 
 from plies import LeaseError, PolicyRef, Status, Trajectory, UsageError
-from plies.environments import RemoteRef
 from plies.runtime import (
     EnvPool,
     GroupSpec,
     LeaseState,
     Pool,
+    RemoteRef,
     RolloutDriver,
     RolloutResources,
     read_report,
@@ -284,7 +284,7 @@ async def test_every_remote_thing_a_quarantined_resource_holds_is_reported_and_r
         assert lease.state is LeaseState.QUARANTINED
         (entry,) = read_report(report_path).may_exist
         assert (entry.kind, entry.remote_id) == ("process", made[0].remote_id)
-        assert [(h.kind, h.remote_id) for h in entry.also_held] == [("process", made[1].remote_id)]
+        assert [(ref.kind, ref.id) for ref in entry.also_held] == [("process", made[1].remote_id)]
         assert lease.also_held == entry.also_held  # what the driver copies to the trajectory
         assert all(alive(part.pid) for part in made)
 

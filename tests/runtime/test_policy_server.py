@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import anyio
 import httpx
@@ -16,25 +12,15 @@ from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server, take
 from plies import PolicyRef, Status, Turn
 from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
-
-PLIES = str(Path(sys.executable).with_name("plies"))
+from plies.testing import plies_command, serve_process_sync
+from plies.tokens import PromptDelta
 
 
 @pytest.fixture
-def policy_server(tiny_model_dir):
-    proc = subprocess.Popen(
-        [PLIES, "serve", str(tiny_model_dir), "--port", "0", "--threads", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        info = json.loads(proc.stdout.readline())
-        yield proc, info
-    finally:
-        kill_group(proc.pid)
-        proc.wait(timeout=30)
+def policy_server(tiny_model_dir, tmp_path):
+    argv = plies_command("serve", str(tiny_model_dir), "--port", "0", "--threads", "1")
+    with serve_process_sync(argv, log=tmp_path / "serve.log") as server:
+        yield server.process, server.ready
 
 
 @pytest.mark.anyio
@@ -54,16 +40,7 @@ async def test_killing_the_policy_server_fails_episodes_with_a_typed_error(polic
         async with ctx.borrow("env") as lease, httpx.AsyncClient() as http:
             for k in range(10_000):  # runs until the policy fails it
                 c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
-                ctx.add_turn(
-                    Turn(
-                        prompt_ids=prompt if k == 0 else [4],
-                        extends=k > 0,
-                        completion_ids=c.ids,
-                        logprobs=c.logprobs,
-                        finish_reason=c.finish_reason,
-                        policy=c.policy,
-                    )
-                )
+                ctx.add_turn(Turn.from_completion(PromptDelta(prompt if k == 0 else [4], k > 0), c))
                 async with lease.operation("step"):
                     (await http.get(f"{lease.resource.url}/op")).raise_for_status()
         return ctx.trajectory

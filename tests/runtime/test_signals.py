@@ -25,6 +25,7 @@ from runtime_helpers import alive, kill_group
 
 from plies import Status
 from plies.runtime import read_groups, read_report
+from plies.testing import serve_process_sync
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "signal_script.py"
@@ -35,19 +36,11 @@ WORKERS = 3
 
 
 @pytest.fixture(scope="module")
-def policy_url():
+def policy_url(tmp_path_factory):
     """A real loopback server standing in for the policy, shared by every run."""
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "op_server.py")],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        yield json.loads(proc.stdout.readline())["url"]
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    log = tmp_path_factory.mktemp("policy") / "op_server.log"
+    with serve_process_sync([sys.executable, str(HERE / "op_server.py")], log=log) as server:
+        yield server.url
 
 
 class Script:

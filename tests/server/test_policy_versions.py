@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from plies import ConfigError, PolicyRef, PolicyResponseError, models
+from plies import ConfigError, PolicyRef, PolicyResponseError
 from plies.policy import (
     SamplingParams,
+    SGLangClient,
     Timeout,
     VLLMClient,
     load_lora_adapter,
@@ -21,13 +22,14 @@ from plies.policy import (
     unload_lora_adapter,
 )
 from plies.server import PolicyStore
+from plies.testing import build_tiny_model
 
 PROMPT = [9707, 11, 1879, 0, 151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30]
 
 
 @pytest.fixture(scope="module")
 def second_model_dir(tmp_path_factory):
-    return models.build_tiny_model(tmp_path_factory.mktemp("seed1") / "tiny", seed=1)
+    return build_tiny_model(tmp_path_factory.mktemp("seed1") / "tiny", seed=1)
 
 
 def test_store_publishes_immutable_versions(tmp_path, tiny_model_dir, second_model_dir):
@@ -89,6 +91,10 @@ async def test_two_versions_served_at_once(
                 tg.start_soon(sample, "policy-1")
             assert got[0].policy == v0 and got[1].policy == v1
             assert got["policy-1"].policy == v1
+            # SGLang's /generate picks a served policy by name too, not only the newest.
+            sglang = SGLangClient(server.url, model="policy-0", policy=v0, weight_version="0")
+            async with sglang:
+                assert (await sglang.sample(PROMPT, SamplingParams(max_tokens=2))).policy == v0
             for c, model_dir in ((got[0], tiny_model_dir), (got[1], second_model_dir)):
                 expected = forward_logprobs(model_dir, PROMPT, c.ids, 0.9)
                 assert max(abs(a - b) for a, b in zip(c.logprobs, expected, strict=True)) < 1e-4

@@ -8,6 +8,7 @@ import pytest
 
 from plies import PolicyRef, PolicyResponseError
 from plies.policy import SamplingParams, Timeout, VLLMClient
+from plies.server import serve
 
 pytestmark = pytest.mark.anyio
 
@@ -123,3 +124,13 @@ async def test_bad_requests_get_clear_errors(policy_server):
     assert resp.status_code == 400
     message = resp.json()["error"]["message"]
     assert "token ids only" in message and "presence_penalty" in message
+
+
+async def test_fault_routes_exist_only_on_a_test_server_bound_to_loopback(
+    policy_server, tiny_model_dir, tmp_path
+):
+    async with httpx.AsyncClient() as http:
+        resp = await http.post(policy_server.url + "/plies/test/hold", json={"point": "x"})
+    assert resp.status_code == 404  # a production server has no such route
+    refused = serve(model_dir=tiny_model_dir, state_dir=tmp_path, host="0.0.0.0", test_faults=True)
+    assert refused == 2

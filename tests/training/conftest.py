@@ -1,29 +1,21 @@
-"""A real reference server as a subprocess on 127.0.0.1, restartable on the same port."""
+"""A real reference server as a subprocess on 127.0.0.1, restartable on the same port.
+
+Servers run with `--test-faults`, so a test can hold the trainer at a fault point
+(`POST /plies/test/hold`) and kill the server there.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import select
 import socket
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from plies.server._config import ServerConfig
-from plies.server._trainer import TrainerConfig
-
-# `serve` is what `plies serve` runs; a config object is the only way to reach the test-only
-# trainer knobs, so the subprocess takes the whole config as JSON.
-SERVE = (
-    "import sys; from plies.server._serve import serve; "
-    "from plies.server._config import ServerConfig; "
-    "sys.exit(serve(ServerConfig.model_validate_json(sys.argv[1]), threads=1))"
-)
+from plies.testing import plies_command, serve_process_sync
 
 
 @dataclass
@@ -49,43 +41,22 @@ def port() -> int:
 
 @pytest.fixture
 def start_server(tmp_path, tiny_model_dir):
-    """`start_server(state_dir, port=..., trainer=TrainerConfig(...)) -> Server`."""
+    """`start_server(state_dir, port=...) -> Server`."""
     started: list[Server] = []
 
-    def start(state_dir: Path, *, port: int = 0, trainer: TrainerConfig | None = None) -> Server:
-        config = ServerConfig(
-            model_dir=tiny_model_dir,
-            state_dir=state_dir,
-            port=port,
-            device="cpu",
-            trainer=trainer or TrainerConfig(),
-        )
+    def start(state_dir: Path, *, port: int = 0) -> Server:
         log = tmp_path / f"server-{len(started)}.log"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-        with log.open("w") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", SERVE, config.model_dump_json()],
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=env,
-                text=True,
-            )
-        deadline = time.monotonic() + 120
-        while True:
-            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-            if ready:
-                line = proc.stdout.readline()
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"server did not start:\n{log.read_text()[-3000:]}")
-        url = json.loads(line)["url"]
-        server = Server(proc, url, int(url.rsplit(":", 1)[1]), log)
+        argv = plies_command(
+            "serve", str(tiny_model_dir), "--state-dir", str(state_dir), "--port", str(port)
+        )
+        argv += ["--device", "cpu", "--threads", "1", "--test-faults"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        running = servers.enter_context(
+            serve_process_sync(argv, log=log, env=env, ready_timeout=120)
+        )
+        server = Server(running.process, running.url, int(running.url.rsplit(":", 1)[1]), log)
         started.append(server)
         return server
 
-    yield start
-    for server in started:
-        if server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait(timeout=30)
+    with contextlib.ExitStack() as servers:
+        yield start

@@ -13,10 +13,10 @@ import torch
 from training_batches import random_batch
 
 from plies import ConfigError, TrainingGradientsLost
-from plies.server._policies import PolicyStore, weights_digest
+from plies.server import PolicyStore, weights_digest
 from plies.server._trainer import OpConflict, Trainer
 from plies.training import AdamParams, OpStatus, TrainingBatch
-from plies.training._wire import ForwardBackwardRequest, OptimStepRequest, SavePolicyRequest
+from plies.wire import ForwardBackwardRequest, OptimStepRequest, SavePolicyRequest
 
 ADAM = AdamParams(lr=1e-2)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from plies.server._sampling import processed_logprobs
-from plies.server._trainer import batch_loss
+from plies.server import processed_logprobs
+from plies.server._losses import batch_loss
 from plies.training import Datum, TrainingBatch
 
 TEMPERATURE = 0.7

@@ -1,4 +1,8 @@
-"""TrainingClient against a real server subprocess: replay, crashes mid-request, quarantine."""
+"""TrainingClient against a real server subprocess: replay, crashes mid-request, quarantine.
+
+Crashes are placed by holding the trainer at a fault point (the servers run with
+`--test-faults`) and killing the server while the op waits there.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,15 @@ import httpx
 import pytest
 from training_batches import random_batch
 
-from plies import ConfigError, TrainingGradientsLost, TrainingQuarantined
-from plies.policy import SamplingParams, VLLMClient
-from plies.server._trainer import TrainerConfig
+from plies import (
+    ConfigError,
+    PolicyError,
+    PolicyRef,
+    TrainingGradientsLost,
+    TrainingQuarantined,
+    UsageError,
+)
+from plies.policy import SamplingParams, VLLMClient, publish
 from plies.training import (
     AdamParams,
     OpStatus,
@@ -31,6 +41,12 @@ def batch(seed: int = 0) -> TrainingBatch:
 def journal(state_dir) -> list[dict]:
     lines = (state_dir / "trainer" / "journal.jsonl").read_text().splitlines()
     return [json.loads(x) for x in lines]
+
+
+async def hold(url: str, point: str) -> None:
+    """Make the next op that reaches `point` ("before_apply", "before_answer") wait there."""
+    async with httpx.AsyncClient(base_url=url) as http:
+        (await http.post("/plies/test/hold", json={"point": point})).raise_for_status()
 
 
 async def wait_in_flight(url: str, op_id: str, *, applied: bool = False) -> None:
@@ -70,8 +86,9 @@ async def test_replayed_op_ids_return_the_original_result_and_publish_serves(
         policy = await trainer.save_policy(op_id="s1-save")
         assert await trainer.save_policy(op_id="s1-save") == policy
         assert policy.version == 1 and policy.uri.startswith("file://")
-        await trainer.publish(policy, [server.url])
-        await trainer.publish(policy, [server.url])  # publishing again is harmless
+        async with VLLMClient(server.url, "policy-0") as sampler:
+            await publish(policy, [sampler])
+            await publish(policy, [sampler])  # publishing again is harmless
         async with httpx.AsyncClient(base_url=server.url) as http:
             resp = await http.post(
                 "/v1/completions",
@@ -86,11 +103,17 @@ async def test_replayed_op_ids_return_the_original_result_and_publish_serves(
         policy2 = await trainer.save_policy(op_id="s2-save")
         assert policy2.version == 2 and policy2.digest != policy.digest
         async with VLLMClient(server.url, "policy-0") as sampler:
-            await trainer.publish(policy, [sampler])  # already served: learnt, not reloaded
-            await trainer.publish(policy2, [sampler])
+            await publish(policy, [sampler])  # already served: learnt, not reloaded
+            await publish(policy2, [sampler])
             params = SamplingParams(max_tokens=2)
             assert (await sampler.sample([1, 2, 3], params, policy=policy2)).policy == policy2
             assert (await sampler.sample([1, 2, 3], params, policy=policy)).policy == policy
+            # The reference server reports what it loaded: other weights are refused.
+            forged = PolicyRef(uri=policy2.uri, version=3, digest="sha256:" + "0" * 64)
+            with pytest.raises(PolicyError, match="digest"):
+                await publish(forged, [sampler])
+            with pytest.raises(ConfigError, match="not a PolicyLoader"):
+                await publish(policy2, [server.url])
     assert [r["op_id"] for r in journal(tmp_path)] == [
         "s1-fb",
         "s1-step",
@@ -104,8 +127,8 @@ async def test_replayed_op_ids_return_the_original_result_and_publish_serves(
 async def test_killed_before_the_gradients_were_applied_the_step_applies_once(
     tmp_path, start_server, port
 ):
-    delay = TrainerConfig(test_delay_s=120, test_delay_at="before_apply")
-    server = start_server(tmp_path, port=port, trainer=delay)
+    server = start_server(tmp_path, port=port)
+    await hold(server.url, "before_apply")
     async with TrainingClient(server.url, reconcile_timeout=120) as trainer:
         results = {}
 
@@ -134,8 +157,8 @@ async def test_killed_before_the_gradients_were_applied_the_step_applies_once(
 async def test_killed_after_applying_but_before_answering_is_reported_lost_not_applied(
     tmp_path, start_server, port
 ):
-    delay = TrainerConfig(test_delay_s=120, test_delay_at="before_answer")
-    server = start_server(tmp_path, port=port, trainer=delay)
+    server = start_server(tmp_path, port=port)
+    await hold(server.url, "before_answer")
     async with TrainingClient(server.url, reconcile_timeout=120) as trainer:
         async with anyio.create_task_group() as tg:
 
@@ -164,8 +187,8 @@ async def test_killed_after_applying_but_before_answering_is_reported_lost_not_a
 async def test_unreachable_trainer_quarantines_the_session_until_reconciled(
     tmp_path, start_server, port
 ):
-    delay = TrainerConfig(test_delay_s=120, test_delay_at="before_apply")
-    server = start_server(tmp_path, port=port, trainer=delay)
+    server = start_server(tmp_path, port=port)
+    await hold(server.url, "before_apply")
     async with TrainingClient(server.url, reconcile_timeout=2) as trainer:
         async with anyio.create_task_group() as tg:
 
@@ -188,3 +211,29 @@ async def test_unreachable_trainer_quarantines_the_session_until_reconciled(
         assert trainer.quarantined is None
         await trainer.forward_backward(batch(), op_id="s1-fb")
         assert (await trainer.optim_step(ADAM)).step == 1
+
+
+async def test_a_held_op_goes_on_when_released_and_the_client_checks_its_lifetime(
+    tmp_path, start_server
+):
+    server = start_server(tmp_path)
+    trainer = TrainingClient(server.url)
+    with pytest.raises(UsageError, match="never opened"):
+        await trainer.state()
+    with pytest.raises(TypeError, match="async with"), trainer:
+        pass
+    await hold(server.url, "before_answer")
+    async with trainer:
+        results = {}
+
+        async def send() -> None:
+            results["fb"] = await trainer.forward_backward(batch(), op_id="s1-fb")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            await wait_in_flight(server.url, "s1-fb", applied=True)
+            async with httpx.AsyncClient(base_url=server.url) as http:
+                (await http.post("/plies/test/release")).raise_for_status()
+        assert results["fb"].op_id == "s1-fb" and trainer.pending_ops == ["s1-fb"]
+    with pytest.raises(UsageError, match="is closed"):
+        await trainer.optim_step(ADAM)

@@ -128,11 +128,10 @@ def test_misaligned_segments_are_refused():
         policy=P4,
     )
     bad = Trajectory(task_id="deal-7", group_id="g", reward=1.0, status=Status.COMPLETED)
-    bad.turns = [bad_turn]
+    bad = bad.model_copy(update={"turns": [bad_turn]})  # a copy is not validated either
     why, detail = reason(check(group("g", members=[member("g", 0.0), bad])))
     assert why is RefusalReason.MISALIGNED and "logprobs has 3 entries for 4 tokens" in detail
-    orphan = member("g", 1.0)
-    orphan.turns = [turn([1], [2], extends=True)]
+    orphan = member("g", 1.0).model_copy(update={"turns": [turn([1], [2], extends=True)]})
     why, detail = reason(check(group("g", members=[orphan])))
     assert why is RefusalReason.MISALIGNED and "cannot extend" in detail
     out_of_vocab = training_groups([group("g")], policy=P4, max_staleness=0, vocab_size=5).refused[

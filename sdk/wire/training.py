@@ -1,9 +1,10 @@
-"""The training wire format: what `TrainingClient` sends and the trainer answers.
+"""The training wire format: what `TrainingClient` sends and a trainer answers.
 
-These are plain pydantic models with no torch import, so the client stays light and the
-reference server (a separate process) validates exactly what the client built. Every request
-that changes the trainer carries an `op_id`; the server journals each applied op with its
-result, which is what makes retries safe (see docs/training.md).
+Plain pydantic models with no torch import, in a module that both sides import: the client
+stays light, and the reference server (a separate process) validates exactly what the client
+built without depending on the client's internals. Every request that changes the trainer
+carries an `op_id`; the server journals each applied op with its result, which is what makes
+retries safe (see docs/training.md).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "SavePolicyResult",
     "TrainerState",
     "TrainingBatch",
+    "check_op_id",
 ]
 
 LossName = Literal["importance_sampling", "ppo", "cross_entropy"]

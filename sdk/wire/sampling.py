@@ -1,7 +1,8 @@
-"""Request and response schemas of the reference server: the subset of vLLM's API it speaks.
+"""The sampling wire: the subset of vLLM's (and SGLang's) HTTP API the reference server speaks.
 
 Requests forbid fields the server does not implement, so a client never believes a
-parameter (a penalty, `min_tokens`) was honoured when it was not.
+parameter (a penalty, `min_tokens`) was honoured when it was not. The served-name rule lives
+here too, because the server that names a policy and the clients that ask for it must agree.
 """
 
 from __future__ import annotations
@@ -16,8 +17,20 @@ __all__ = [
     "CompletionRequest",
     "GenerateRequest",
     "LoadPolicyRequest",
+    "ModelCard",
+    "SGLangSampling",
     "UnloadPolicyRequest",
+    "served_name",
 ]
+
+
+def served_name(version: int) -> str:
+    """The name a published policy version is served under: `policy-<version>`.
+
+    The reference server serves store version k under this name, and publishing to a sampler
+    loads a policy under it, so every side derives the name the same way.
+    """
+    return f"policy-{version}"
 
 
 class CompletionRequest(BaseModel):
@@ -86,11 +99,19 @@ class SGLangSampling(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    """`POST /generate` (SGLang's native shape), served by the newest loaded policy."""
+    """`POST /generate` (SGLang's native shape).
+
+    SGLang names a loaded adapter with `lora_path`; here it is the served name of a policy
+    (as `model` is on `/v1/completions`). Without one, the newest loaded policy answers, as an
+    SGLang engine serves the weights it loaded last.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     input_ids: list[int]
+    lora_path: str | None = Field(
+        default=None, min_length=1, description="Served name of the policy to sample from."
+    )
     sampling_params: SGLangSampling = Field(default_factory=SGLangSampling)
     return_logprob: bool = False
     logprob_start_len: int = Field(default=-1, description="Only -1: output tokens only.")
@@ -124,6 +145,8 @@ class UnloadPolicyRequest(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """One entry of `GET /v1/models`, with the `PolicyRef` served under its name."""
+
     id: str
     object: Literal["model"] = "model"
     owned_by: str = "plies"

@@ -27,7 +27,10 @@ from pathlib import Path
 import platformdirs
 
 __all__ = [
+    "FIRST_ADDED_ID",
+    "KIT_VERSION",
     "QWEN3_ADDED_TOKENS",
+    "VOCAB_SIZE",
     "build_qwen3_tokenizer",
     "build_tiny_model",
     "kit_dir",

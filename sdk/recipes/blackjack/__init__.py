@@ -1,0 +1,105 @@
+"""The main job: Blackjack GRPO on the tiny Qwen3 model, start to finish on a laptop CPU.
+
+`plies demo blackjack --out DIR` runs `main`, which does:
+
+1. the offline kit: the Qwen3 tokenizer and the tiny random Qwen3 model (`plies.testing`);
+2. the reference server (`plies serve`) on 127.0.0.1, in its own session so that Ctrl-C
+   reaches only this process, which decides what to stop;
+3. a supervised warm start (`warm_start`: `cross_entropy` through the `TrainingClient`) on
+   `transcripts` whose hit/stand choices are uniformly random: the model learns to emit
+   well-formed tool calls and nothing about strategy, which is left to RL;
+4. GRPO (`grpo`): each group is G episodes of one seeded deal, advantages are each reward
+   minus the group mean, `training_groups` checks every group, then `forward_backward`
+   (importance sampling) + `optim_step` + `save_policy` + publish; new groups are admitted
+   under the new policy while the driver's bound on groups in flight keeps sampling at most
+   `MAX_STALENESS` steps ahead (staleness by pacing);
+5. evaluation on held-out deals (`evaluate`: the same seeds before and after, so the
+   comparison is paired); metrics in `DIR/metrics.jsonl` (`RunLog`), then `DIR/summary.json`
+   and `DIR/learning_curve.png` (`write_summary`).
+
+Modules: `config` (budgets, seeds, prompt, reference returns), `runlog`, `warm_start`,
+`rewards`, `state` (the `RunState` every phase receives), `evaluation`, `grpo`, `report`,
+`run` (servers, clients, pools, and the phases in order).
+
+Resuming: everything that matters is in DIR. Completed groups are fsynced to
+`groups.jsonl` before training sees them; each step is announced in `metrics.jsonl`
+(`step_begin`, with its groups) before it is sent, and its op ids are derived from the step
+number, so a step cut off midway is replayed with the same ids and the trainer answers what
+it already applied (or says the gradients are gone, and they are recomputed). Running the
+same command again continues from the last published policy, and groups that completed
+but were not trained on yet are trained first.
+
+`examples/blackjack_grpo.py` is the same loop written out compactly on the core API.
+"""
+
+from .config import ALWAYS_STAND_RETURN as ALWAYS_STAND_RETURN
+from .config import BUDGETS as BUDGETS
+from .config import EVAL_SEEDS as EVAL_SEEDS
+from .config import MAX_STALENESS as MAX_STALENESS
+from .config import OPTIMAL_RETURN as OPTIMAL_RETURN
+from .config import RANDOM_RETURN as RANDOM_RETURN
+from .config import SYSTEM_PROMPT as SYSTEM_PROMPT
+from .config import TEMPLATE_KWARGS as TEMPLATE_KWARGS
+from .config import TRAIN_SEEDS as TRAIN_SEEDS
+from .config import WARM_SEEDS as WARM_SEEDS
+from .config import Budget as Budget
+from .config import DemoConfig as DemoConfig
+from .evaluation import EvalResult as EvalResult
+from .evaluation import evaluate as evaluate
+from .evaluation import play_held_out as play_held_out
+from .grpo import grpo as grpo
+from .grpo import train_on as train_on
+from .report import plot_curve as plot_curve
+from .report import write_summary as write_summary
+from .rewards import FORFEIT as FORFEIT
+from .rewards import Forfeiting as Forfeiting
+from .run import main as main
+from .run import openenv_server as openenv_server
+from .run import policy_server as policy_server
+from .runlog import RunLog as RunLog
+from .state import Interrupted as Interrupted
+from .state import RunState as RunState
+from .warm_start import tool_call_ids as tool_call_ids
+from .warm_start import train_step as train_step
+from .warm_start import transcripts as transcripts
+from .warm_start import warm_start as warm_start
+
+__all__ = [
+    "ALWAYS_STAND_RETURN",
+    "BUDGETS",
+    "EVAL_SEEDS",
+    "FORFEIT",
+    "MAX_STALENESS",
+    "OPTIMAL_RETURN",
+    "RANDOM_RETURN",
+    "SYSTEM_PROMPT",
+    "TEMPLATE_KWARGS",
+    "TRAIN_SEEDS",
+    "WARM_SEEDS",
+    "Budget",
+    "DemoConfig",
+    "EvalResult",
+    "Forfeiting",
+    "Interrupted",
+    "RunLog",
+    "RunState",
+    "evaluate",
+    "grpo",
+    "main",
+    "openenv_server",
+    "play_held_out",
+    "plot_curve",
+    "policy_server",
+    "tool_call_ids",
+    "train_on",
+    "train_step",
+    "transcripts",
+    "warm_start",
+    "write_summary",
+]
+
+for _name in __all__:  # reprs name the package, not the module inside it
+    _obj = globals()[_name]
+    if callable(_obj) and getattr(_obj, "__module__", "").startswith(f"{__name__}."):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -1,0 +1,119 @@
+"""What a Blackjack run is: its budgets, its seeds, its prompt, and the numbers it is judged by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from plies import ConfigError
+
+__all__ = [
+    "ALWAYS_STAND_RETURN",
+    "BUDGETS",
+    "EVAL_SEEDS",
+    "MAX_STALENESS",
+    "OPTIMAL_RETURN",
+    "RANDOM_RETURN",
+    "SYSTEM_PROMPT",
+    "TEMPLATE_KWARGS",
+    "TRAIN_SEEDS",
+    "WARM_SEEDS",
+    "Budget",
+    "DemoConfig",
+]
+
+SYSTEM_PROMPT = "You play Blackjack. Reply with exactly one tool call: hit or stand."
+"""Terse on purpose: every token of the prompt is paid for at each turn."""
+
+TEMPLATE_KWARGS = MappingProxyType({"enable_thinking": False})
+"""Qwen3 without thinking: a completion is just `<tool_call>...</tool_call><|im_end|>`."""
+
+RANDOM_RETURN = -0.396
+ALWAYS_STAND_RETURN = -0.185
+OPTIMAL_RETURN = -0.047
+"""Exact expected returns per hand under these rules (see docs/environments.md)."""
+
+TRAIN_SEEDS = 0
+EVAL_SEEDS = 1_000_000_000
+WARM_SEEDS = 2_000_000_000
+"""Disjoint seed ranges: training deals, held-out evaluation deals, warm-start transcripts."""
+
+MAX_STALENESS = 2
+"""How many policy versions a trained group may lag behind the newest one.
+
+The one source of the bound: the driver admits at most this many steps' worth of groups
+ahead of training (pacing), `training_groups` checks it, and versions older than this are
+no longer served because no group in flight can still sample from them.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How much work a run does. `BUDGETS` names the presets the command line offers."""
+
+    warm_hands: int
+    """Transcripts generated for the warm start (reused across its steps)."""
+    warm_steps: int
+    warm_batch: int
+    """Hands per warm-start step."""
+    warm_lr: float
+    grpo_steps: int
+    groups_per_step: int
+    group_size: int
+    lr: float
+    eval_hands: int
+    """Held-out hands evaluated before and after GRPO (the headline comparison)."""
+    curve_every: int
+    """Evaluate on `curve_hands` every this many steps, for the learning curve (0: never)."""
+    curve_hands: int
+    eval_concurrency: int = 64
+    max_turns: int = 10
+    max_new_tokens: int = 32
+
+    @property
+    def groups_in_flight(self) -> int:
+        """The driver's bound on groups admitted ahead of training (staleness by pacing)."""
+        return MAX_STALENESS * self.groups_per_step
+
+
+BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
+    {
+        "default": Budget(
+            warm_hands=512, warm_steps=120, warm_batch=8, warm_lr=3e-2,
+            grpo_steps=30, groups_per_step=8, group_size=8, lr=1e-2,
+            eval_hands=2000, curve_every=10, curve_hands=400,
+        ),
+        "quick": Budget(
+            warm_hands=512, warm_steps=120, warm_batch=8, warm_lr=3e-2,
+            grpo_steps=10, groups_per_step=8, group_size=8, lr=1e-2,
+            eval_hands=500, curve_every=5, curve_hands=200,
+        ),
+        "smoke": Budget(
+            warm_hands=256, warm_steps=100, warm_batch=8, warm_lr=3e-2,
+            grpo_steps=3, groups_per_step=2, group_size=4, lr=1e-2,
+            eval_hands=32, curve_every=2, curve_hands=16, eval_concurrency=16,
+        ),
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """One run: where it lives, its budget, and which Blackjack it plays."""
+
+    out: Path
+    budget: str = "default"
+    env: Literal["local", "openenv"] = "local"
+    sandbox: Literal["none", "local", "e2b"] = "none"
+
+    def __post_init__(self) -> None:
+        if self.budget not in BUDGETS:
+            raise ConfigError(f"unknown budget {self.budget!r}; known: {', '.join(BUDGETS)}")
+        if self.env == "openenv" and self.sandbox != "none":
+            raise ConfigError("--env openenv and --sandbox are alternatives; pick one")
+
+    def key(self) -> dict[str, Any]:
+        """What must match for a run directory to be resumed."""
+        return {"budget": self.budget, "env": self.env, "sandbox": self.sandbox}

@@ -1,0 +1,187 @@
+"""GRPO with resume: groups sampled ahead under a bounded lag, trained in steps taken once.
+
+Each group is G episodes of one seeded deal (rewards differ only by the actions); advantages
+are each reward minus the group mean; `training_groups` checks every group before training.
+Completed groups are fsynced to `groups.jsonl` before training sees them, and each step is
+announced in the run log (`step_begin`, with its groups) before it is sent, so a step cut off
+midway is replayed on the same groups with the same op ids.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from plies import AdmissionClosed, Group, PolicyRef
+from plies.environments import Task
+from plies.policy import VLLMClient, unload_lora_adapter
+from plies.runtime import GroupSpec, JsonlSink, LiveProgress, RolloutDriver, read_groups
+from plies.training import TrainingClient, grpo_advantages, training_batch, training_groups
+from plies.wire import served_name
+
+from .config import MAX_STALENESS, TRAIN_SEEDS, Budget
+from .evaluation import evaluate
+from .state import RunState
+from .warm_start import train_step
+
+__all__ = ["grpo", "train_on"]
+
+
+async def train_on(
+    trainer: TrainingClient, step: int, groups: list[Group], policy: PolicyRef, budget: Budget
+) -> tuple[PolicyRef | None, dict[str, Any]]:
+    """One GRPO step on `groups`: check, advantages, importance sampling, save.
+
+    Returns:
+        The new policy (None when every group tied: nothing to learn, nothing published) and
+        the step's record fields.
+    """
+    selection = training_groups(groups, policy=policy, max_staleness=MAX_STALENESS)
+    refused = [f"{r.group_id}: {r.reason.value}" for r in selection.refused]
+    rewards = [t.reward for g in selection.trainable for t in g.trajectories]
+    info: dict[str, Any] = {
+        "groups": [g.id for g in groups],
+        "trainable": len(selection.trainable),
+        "refused": refused,
+        "train_return": sum(rewards) / len(rewards) if rewards else None,
+    }
+    advantages = [grpo_advantages([t.reward for t in g.trajectories]) for g in selection.trainable]
+    if not any(a for adv in advantages for a in adv):
+        return None, info
+    batch = training_batch(selection.trainable, advantages, temperature=1.0, skip_zero=True)
+    fb, opt = await train_step(
+        trainer, f"grpo-{step}", batch, loss="importance_sampling", lr=budget.lr
+    )
+    info.update(loss=fb.get("loss"), grad_norm=opt.get("grad_norm"), tokens=fb.get("tokens"))
+    new = await trainer.save_policy(op_id=f"grpo-{step}-save")
+    return new, info
+
+
+def _train_spec(index: int, budget: Budget) -> GroupSpec:
+    """Group `index` of training: `group_size` episodes of the deal seeded `TRAIN_SEEDS + index`."""
+    task_id = f"train-{index}"
+    return GroupSpec(
+        task_id=task_id,
+        size=budget.group_size,
+        task=Task(id=task_id, seed=TRAIN_SEEDS + index),
+        id=task_id,
+    )
+
+
+def _group_index(group_id: str) -> int:
+    return int(group_id.removeprefix("train-"))
+
+
+def _untrained(run: RunState, step: int) -> tuple[list[Group], int]:
+    """Completed groups no step trained on, the cut-off step's own first; the next index.
+
+    Lines of `groups.jsonl` that do not read back are groups a crash cut off while they were
+    written: they were never trained on, and are reported rather than skipped silently.
+    """
+    read = read_groups(run.out / "groups.jsonl")
+    if read.malformed:
+        lines = ", ".join(str(m.line) for m in read.malformed)
+        run.console.print(
+            f"[yellow]groups.jsonl[/]: line(s) {lines} do not read back (cut off by a crash); "
+            "those groups were never trained on and are left out"
+        )
+    trained = {g for r in run.log.all("step") for g in r["groups"]}
+    waiting = [g for g in read.records if g.id not in trained]
+    begun = run.log.last("step_begin", step=step)
+    if begun is not None:  # a step was cut off: replay it on the same groups, same op ids
+        chosen = set(begun["groups"])
+        waiting = [g for g in waiting if g.id in chosen] + [
+            g for g in waiting if g.id not in chosen
+        ]
+    next_index = max((_group_index(g.id) for g in read.records), default=-1) + 1
+    return waiting, next_index
+
+
+async def grpo(run: RunState, policy: PolicyRef) -> None:
+    """Train from `policy` until the budget's steps are logged; resumable at any point.
+
+    Raises:
+        Interrupted: Ctrl-C arrived; in-flight groups drained to disk for the next run.
+    """
+    budget = run.budget
+    step = len(run.log.all("step"))
+    if step >= budget.grpo_steps:
+        return
+    waiting, next_index = _untrained(run, step)
+    if waiting:
+        run.console.print(f"resuming at step {step} with {len(waiting)} completed untrained groups")
+    served = {policy.version}
+
+    with JsonlSink(run.out / "groups.jsonl") as sink:
+        async with RolloutDriver(
+            run.resources, run.harness.play, policy=policy,
+            max_groups_in_flight=budget.groups_in_flight, sink=sink,
+        ) as driver, LiveProgress(driver):  # fmt: skip
+            run.interrupts.attach(driver)
+
+            async def admit() -> None:
+                index = next_index
+                while True:
+                    try:
+                        await driver.admit(_train_spec(index, budget))
+                    except AdmissionClosed:
+                        return
+                    index += 1
+
+            async def consume() -> None:
+                nonlocal step, policy, waiting
+                async for group in driver.groups():
+                    if run.interrupts.count or step >= budget.grpo_steps:
+                        continue  # drained groups are on disk; a resumed run trains them
+                    waiting.append(group)
+                    if len(waiting) < budget.groups_per_step:
+                        continue
+                    batch, waiting = (
+                        waiting[: budget.groups_per_step],
+                        waiting[budget.groups_per_step :],
+                    )
+                    run.log.write("step_begin", step=step, groups=[g.id for g in batch])
+                    t0 = time.monotonic()
+                    new, info = await train_on(run.trainer, step, batch, policy, budget)
+                    if new is not None:
+                        await run.publish(new)
+                        driver.set_policy(new)
+                        policy = new
+                        served.add(new.version)
+                    run.log.write(
+                        "step", step=step, policy=policy.model_dump(),
+                        seconds=time.monotonic() - t0, **info,
+                    )  # fmt: skip
+                    ret = info["train_return"]
+                    run.console.print(
+                        f"step {step}: policy v{policy.version}, train return "
+                        f"{ret if ret is None else round(ret, 3)}, refused {len(info['refused'])}"
+                    )
+                    step += 1
+                    await _unload_unused(run.client, served, policy)
+                    if (
+                        budget.curve_every
+                        and step % budget.curve_every == 0
+                        and (step < budget.grpo_steps)
+                    ):
+                        await evaluate(run, policy, budget.curve_hands, "curve", step)
+                    if step >= budget.grpo_steps:
+                        driver.cancel()  # groups still sampling are not needed
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(admit)
+                await consume()
+    run.stop_if_interrupted()
+
+
+async def _unload_unused(client: VLLMClient, served: set[int], policy: PolicyRef) -> None:
+    """Stop serving versions no admitted group can still sample from (memory stays flat).
+
+    Groups in flight are at most `MAX_STALENESS` steps behind the newest policy: the driver
+    admits at most that many steps' worth of groups ahead of training.
+    """
+    for version in sorted(v for v in served if v < policy.version - MAX_STALENESS):
+        await unload_lora_adapter(client, served_name(version))
+        served.discard(version)

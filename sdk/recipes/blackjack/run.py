@@ -1,0 +1,235 @@
+"""The job itself: open the servers, the clients and the pools, then run the phases in order.
+
+Everything that matters lives in the run directory, so running the same command again
+resumes: the warm start, each evaluation and each GRPO step is done once and logged, and a
+resumed run reads the log back to continue from the last published policy.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import asdict
+from pathlib import Path
+from typing import Literal
+
+import anyio
+from anyio.abc import Process
+from rich.console import Console
+
+from plies import ConfigError, PolicyRef
+from plies.environments import (
+    BlackjackEnv,
+    E2BBackend,
+    Env,
+    LocalProcessBackend,
+    OpenEnvEndpoint,
+    OpenEnvEnv,
+    SandboxBackend,
+    SandboxedBlackjackEnv,
+)
+from plies.harness import EpisodeLimits, ToolCallingHarness
+from plies.policy import SamplingParams, VLLMClient
+from plies.runtime import EnvPool, Interrupts, RolloutResources, run
+from plies.testing import ServerProcess, plies_command, serve_process, tiny_model_dir
+from plies.tokens import ChatRenderer
+from plies.training import TrainingClient
+
+from .config import BUDGETS, SYSTEM_PROMPT, TEMPLATE_KWARGS, DemoConfig
+from .evaluation import evaluate
+from .grpo import grpo
+from .report import write_summary
+from .rewards import FORFEIT, Forfeiting
+from .runlog import RunLog
+from .state import Interrupted, RunState
+from .warm_start import transcripts, warm_start
+
+__all__ = ["main", "openenv_server", "policy_server"]
+
+OPENENV_SESSIONS = 32
+"""Concurrent sessions the OpenEnv server accepts (`--env openenv`)."""
+
+EnvFactory = Callable[[], Awaitable[Env]]
+Serving = AbstractAsyncContextManager[ServerProcess[Process]]
+"""A server started on entry and stopped on exit."""
+
+
+def policy_server(model_dir: Path, state_dir: Path, log: Path) -> Serving:
+    """`plies serve MODEL_DIR --state-dir STATE_DIR` on 127.0.0.1, in its own session."""
+    argv = plies_command("serve", str(model_dir), "--state-dir", str(state_dir))
+    return serve_process([*argv, "--max-batch-size", "64"], log=log)
+
+
+def openenv_server(max_sessions: int, log: Path) -> Serving:
+    """`python -m plies.environments.openenv_server` on 127.0.0.1, in its own session."""
+    argv = [sys.executable, "-m", "plies.environments.openenv_server", "--port", "0"]
+    return serve_process([*argv, "--max-sessions", str(max_sessions)], log=log)
+
+
+def main(
+    out: Path,
+    *,
+    budget: str = "default",
+    env: Literal["local", "openenv"] = "local",
+    sandbox: Literal["none", "local", "e2b"] = "none",
+) -> int:
+    """Run (or resume) the job in `out`; return the exit code (130 after Ctrl-C).
+
+    Raises:
+        ConfigError: unknown budget, conflicting options, or `out` holds a different run.
+    """
+    config = DemoConfig(out=Path(out), budget=budget, env=env, sandbox=sandbox)
+    return run(lambda interrupts: _job(config, interrupts))
+
+
+def _claim_run_dir(config: DemoConfig, console: Console) -> None:
+    """Record the run's options in `run.json`, or check that they match the run found there."""
+    config.out.mkdir(parents=True, exist_ok=True)
+    run_file = config.out / "run.json"
+    if not run_file.exists():
+        budget = asdict(BUDGETS[config.budget])
+        run_file.write_text(json.dumps({"config": config.key(), "budget": budget}))
+        return
+    saved = json.loads(run_file.read_text())
+    if saved["config"] != config.key():
+        raise ConfigError(
+            f"{config.out} holds a run with {saved['config']}; resume it with the same options "
+            "or choose another --out"
+        )
+    console.print(f"[bold]resuming[/] the run in {config.out}")
+
+
+async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
+    from transformers import AutoTokenizer  # heavy: loaded once the options are known good
+
+    console = Console(stderr=True)
+    budget = BUDGETS[config.budget]
+    out = config.out
+    _claim_run_dir(config, console)
+    started = time.monotonic()
+    log = RunLog(out / "metrics.jsonl")
+    if log.torn_tail is not None:
+        console.print(
+            f"[yellow]metrics.jsonl[/]: line {log.torn_tail.line} was cut off by a crash "
+            "(the event it began did not complete); removed"
+        )
+    elapsed_before = sum(r.get("seconds", 0.0) for r in log.all("session"))
+
+    model_dir = await anyio.to_thread.run_sync(tiny_model_dir)
+    tokenizer = await anyio.to_thread.run_sync(AutoTokenizer.from_pretrained, model_dir)
+    renderer = ChatRenderer(tokenizer, template_kwargs=dict(TEMPLATE_KWARGS))
+
+    async with AsyncExitStack() as stack:
+        stack.callback(log.close)
+        server = await stack.enter_async_context(
+            policy_server(model_dir, out / "server", out / "server.log")
+        )
+        console.print(f"reference server at {server.url}")
+        trainer = await stack.enter_async_context(TrainingClient(server.url))
+        client = await stack.enter_async_context(VLLMClient(server.url, server.ready["model"]))
+        make_env = await _env_factory(config, stack)
+        pool_limit = budget.eval_concurrency + budget.group_size * budget.groups_in_flight
+        resources = await stack.enter_async_context(
+            RolloutResources(
+                policy=client,
+                pools=[EnvPool(make_env, limit=pool_limit)],
+                report_path=out / "quarantine.json",
+            )
+        )
+        harness = Forfeiting(
+            ToolCallingHarness(
+                renderer,
+                client,
+                SamplingParams(max_tokens=budget.max_new_tokens, temperature=1.0),
+                limits=EpisodeLimits(max_turns=budget.max_turns),
+                system_prompt=SYSTEM_PROMPT,
+                ill_formed_reward=FORFEIT,
+            )
+        )
+        state = RunState(
+            config=config,
+            log=log,
+            trainer=trainer,
+            client=client,
+            resources=resources,
+            harness=harness,
+            renderer=renderer,
+            tokenizer=tokenizer,
+            base=PolicyRef.model_validate(server.ready["policy"]),
+            console=console,
+            interrupts=interrupts,
+        )
+        try:
+            await _phases(state)
+        except Interrupted:
+            console.print("[yellow]interrupted[/]: run the same command again to resume")
+        finally:
+            log.write("session", seconds=time.monotonic() - started)
+    write_summary(config, log, elapsed_before + time.monotonic() - started)
+
+
+async def _env_factory(config: DemoConfig, stack: AsyncExitStack) -> EnvFactory:
+    """How the pool makes one Blackjack env: in process, over OpenEnv, or in a sandbox."""
+    if config.env == "openenv":
+        log = config.out / "openenv.log"
+        env_server = await stack.enter_async_context(openenv_server(OPENENV_SESSIONS, log))
+        endpoint = OpenEnvEndpoint(env_server.url, max_sessions=OPENENV_SESSIONS)
+
+        async def openenv() -> Env:
+            return OpenEnvEnv(endpoint)
+
+        return openenv
+    if config.sandbox != "none":
+        backend: SandboxBackend = (
+            LocalProcessBackend(config.out / "sandboxes")
+            if config.sandbox == "local"
+            else E2BBackend()
+        )
+        run_id = config.out.name
+
+        async def sandboxed() -> Env:
+            return SandboxedBlackjackEnv(backend, run_id=run_id)
+
+        return sandboxed
+
+    async def local() -> Env:
+        return BlackjackEnv()
+
+    return local
+
+
+async def _phases(run: RunState) -> None:
+    """Warm start, evaluate, GRPO, evaluate again; each phase skipped when the log has it."""
+    budget = run.budget
+    warm = run.log.last("warm_start")
+    if warm is None:
+        t0 = time.monotonic()
+        run.console.print(
+            f"warm start: {budget.warm_steps} supervised steps on random-play transcripts"
+        )
+        data = await transcripts(run.renderer, run.tokenizer, budget.warm_hands, policy=run.base)
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            if step % 10 == 0 or step == budget.warm_steps - 1:
+                run.console.print(f"  warm-start step {step}: loss {metrics.get('loss', 0):.3f}")
+            run.stop_if_interrupted()
+
+        policy = await warm_start(run.trainer, data, budget, on_step=on_step)
+        await run.publish(policy)
+        warm = run.log.write(
+            "warm_start", policy=policy.model_dump(), seconds=time.monotonic() - t0
+        )
+    policy = PolicyRef.model_validate(warm["policy"])
+    await evaluate(run, policy, budget.eval_hands, "warm_start", 0)
+
+    steps = run.log.all("step")
+    if steps:
+        policy = PolicyRef.model_validate(steps[-1]["policy"])
+    await run.publish(policy)  # idempotent; a restarted server needs it
+    await grpo(run, policy)
+    final = run.log.all("step")
+    policy = PolicyRef.model_validate(final[-1]["policy"]) if final else policy
+    await evaluate(run, policy, budget.eval_hands, "final", len(final))

@@ -1,0 +1,129 @@
+"""The supervised warm start: random-play transcripts, and training steps taken exactly once."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from plies import PliesError, PolicyRef, TrainingGradientsLost, Trajectory, Turn
+from plies.environments import BlackjackEnv, Task
+from plies.policy import Completion
+from plies.tokens import ChatRenderer
+from plies.training import AdamParams, Datum, LossName, TrainingBatch, TrainingClient
+
+from .config import SYSTEM_PROMPT, WARM_SEEDS, Budget
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["tool_call_ids", "train_step", "transcripts", "warm_start"]
+
+Metrics = dict[str, float]
+
+
+def tool_call_ids(tokenizer: PreTrainedTokenizerBase, name: str) -> list[int]:
+    """The ids of a bare Qwen3 call of tool `name` with no arguments, close token included."""
+    text = f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n</tool_call>'
+    return [*tokenizer.encode(text), tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+async def transcripts(
+    renderer: ChatRenderer,
+    tokenizer: PreTrainedTokenizerBase,
+    hands: int,
+    *,
+    policy: PolicyRef,
+    seed: int = 0,
+) -> list[Trajectory]:
+    """Hands played with uniformly random hit/stand, rendered exactly as the harness would.
+
+    The choices are random so that the warm start teaches the format, not a strategy.
+    Completions are the canonical tool-call ids; logprobs are 0 (the loss ignores them).
+    """
+    rng = random.Random(seed)
+    calls = {name: _canonical(tool_call_ids(tokenizer, name), policy) for name in ("hit", "stand")}
+    out = []
+    for i in range(hands):
+        task = Task(id=f"warm-{i}", seed=WARM_SEEDS + i)
+        async with BlackjackEnv() as env:
+            obs = await env.reset(task)
+            opening = [{"role": "system", "content": SYSTEM_PROMPT}, *obs.messages]
+            conv = renderer.start(opening, tools=obs.tools)
+            traj = Trajectory(task_id=task.id)
+            done = False
+            while not done:
+                conv.render()
+                delta = conv.delta
+                name = rng.choice(("hit", "stand"))
+                completion = calls[name]
+                call = {"type": "function", "function": {"name": name, "arguments": {}}}
+                message = {"role": "assistant", "content": "", "tool_calls": [call]}
+                conv.add_completion(completion.ids, "stop", message=message)
+                traj.turns.append(Turn.from_completion(delta, completion))
+                result = await env.call_tool(name, {})
+                conv.add_messages([{"role": "tool", "name": name, "content": result.content}])
+                done = result.done
+            out.append(traj)
+    return out
+
+
+def _canonical(ids: list[int], policy: PolicyRef) -> Completion:
+    """A completion as if sampled: `ids` verbatim, zero logprobs (cross-entropy ignores them)."""
+    return Completion(ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", policy=policy)
+
+
+async def train_step(
+    trainer: TrainingClient,
+    prefix: str,
+    batch: TrainingBatch,
+    *,
+    loss: LossName,
+    lr: float,
+) -> tuple[Metrics, Metrics]:
+    """forward_backward + optim_step with op ids derived from `prefix`, exactly once.
+
+    Re-running a step after a crash sends the same ids: the trainer answers what it already
+    applied. When it reports the gradients lost (it restarted between the two calls), the
+    forward_backward is redone under a new id and the step is taken once.
+
+    Returns:
+        The forward_backward and optim_step metrics.
+
+    Raises:
+        PliesError: the gradients were lost three times in a row.
+    """
+    for attempt in range(3):
+        tag = prefix if attempt == 0 else f"{prefix}-redo{attempt}"
+        try:
+            fb = await trainer.forward_backward(batch, loss=loss, op_id=f"{tag}-fb")
+            opt = await trainer.optim_step(AdamParams(lr=lr, grad_clip=1.0), op_id=f"{prefix}-opt")
+        except TrainingGradientsLost:
+            continue
+        return fb.metrics, opt.metrics
+    raise PliesError(f"step {prefix}: the trainer lost its gradients three times")
+
+
+async def warm_start(
+    trainer: TrainingClient,
+    data: Sequence[Trajectory],
+    budget: Budget,
+    *,
+    on_step: Callable[[int, Metrics], None] | None = None,
+) -> PolicyRef:
+    """Supervised steps (`cross_entropy`) over `data`, then `save_policy`. Replay-safe.
+
+    Each step's op ids name the step, so running it again after a crash repeats nothing.
+    """
+    for step in range(budget.warm_steps):
+        first = (step * budget.warm_batch) % len(data)
+        hands = [data[(first + j) % len(data)] for j in range(budget.warm_batch)]
+        batch = TrainingBatch(
+            data=[Datum.from_segment(seg, 1.0) for t in hands for seg in t.segments()]
+        )
+        fb, _ = await train_step(
+            trainer, f"warm-{step}", batch, loss="cross_entropy", lr=budget.warm_lr
+        )
+        if on_step is not None:
+            on_step(step, fb)
+    return await trainer.save_policy(op_id="warm-save")

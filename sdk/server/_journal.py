@@ -1,0 +1,118 @@
+"""The trainer's durable state under `STATE_DIR/trainer/`: journal, checkpoints, generation.
+
+- `journal.jsonl`: one fsynced line per applied op (id, kind, request digest, result),
+  written before the answer is sent. An op without a line was never applied; a torn last
+  line is an op that crashed before it was answered, so reading cuts it off (and says so).
+- `checkpoints/<step>/` + `CURRENT`: model and optimizer state, written (and fsynced) at
+  every `optim_step` before its journal line, with that line inside (`meta.json`), so a crash
+  between the two is repaired on reopen. A crash mid-checkpoint leaves a `.tmp-*` directory,
+  removed on reopen.
+- `generation`: bumped each time the trainer opens, so results name the process lifetime
+  that holds their gradients.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._durable import append_line, fsync_dir, fsync_tree, write_atomic
+from .._exceptions import TrainingError
+
+__all__ = ["Checkpoints", "Journal", "bump_generation"]
+
+log = logging.getLogger(__name__)
+
+
+def bump_generation(path: Path) -> int:
+    """Durably count one more trainer lifetime in `path`; returns the new generation."""
+    previous = int(path.read_text()) if path.exists() else 0
+    write_atomic(path, f"{previous + 1}\n".encode())
+    return previous + 1
+
+
+class Journal:
+    """The applied ops, one JSON line each, in the order they were applied."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every whole record; a torn last line is cut off the file (with a warning)."""
+        if not self.path.exists():
+            return []
+        raw = self.path.read_bytes()
+        records: list[dict[str, Any]] = []
+        good = 0
+        for line in raw.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break
+            records.append(json.loads(line))
+            good += len(line)
+        if good < len(raw):
+            log.warning(
+                "dropping a torn journal line of %d bytes (never answered)", len(raw) - good
+            )
+            with self.path.open("r+b") as f:
+                f.truncate(good)
+                os.fsync(f.fileno())
+        return records
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Write one record durably before the op is answered."""
+        append_line(self.path, json.dumps(record, separators=(",", ":")))
+
+
+class Checkpoints:
+    """Model and optimizer snapshots, one directory per step, `CURRENT` naming the last."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(".tmp-*"):  # a crash mid-checkpoint
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def current(self) -> Path | None:
+        """The last complete checkpoint, or None before the first step.
+
+        Raises:
+            TrainingError: `CURRENT` names a directory that is not a whole checkpoint.
+        """
+        current = self.root / "CURRENT"
+        if not current.exists():
+            return None
+        path = self.root / current.read_text().strip()
+        if not (path / "meta.json").exists():
+            raise TrainingError(f"{current} names {path}, which is not a complete checkpoint")
+        return path
+
+    def write(
+        self, step: int, model: Any, optimizer: torch.optim.Optimizer, record: dict[str, Any]
+    ) -> None:
+        """Write step `step` (with the journal `record` of the optim_step inside) and make it
+        `CURRENT`: written to a temp directory, fsynced, renamed into place."""
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
+        model.save_pretrained(tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "record": record}))
+        fsync_tree(tmp)
+        final = self.root / str(step)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        fsync_dir(self.root)
+        write_atomic(self.root / "CURRENT", f"{step}\n".encode())
+
+    def prune(self, step: int, keep: int) -> None:
+        """Remove all but the `keep` checkpoints up to `step`."""
+        kept = {str(s) for s in range(step - keep + 1, step + 1)}
+        for old in self.root.iterdir():
+            if old.name.isdigit() and old.name not in kept:
+                shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,165 @@
+"""The training losses: forward and backward over a batch, computing logits only where needed.
+
+The head (the 151,936-wide output layer) and log-softmax run only at the positions the loss
+uses: hidden states are gathered at masked positions first. Each token's logprob is taken as
+the sampler took it (`processed_logprobs` with the batch's temperature, top-k and top-p), so
+ratios start at exactly 1 for on-policy data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._exceptions import ConfigError
+from ..wire.training import Datum, LossName, TrainingBatch
+from ._sampling import processed_logprobs
+
+__all__ = ["batch_loss"]
+
+
+@dataclass
+class _Loss:
+    """Per-call loss settings, resolved once from the request."""
+
+    name: str
+    clip_low: float
+    clip_high: float
+    normalizer: float
+
+
+def _micro_batches(data: list[Datum], max_rows: int, max_tokens: int) -> list[list[Datum]]:
+    """Split data into consecutive micro-batches bounded by head rows and padded tokens."""
+    out: list[list[Datum]] = []
+    cur: list[Datum] = []
+    rows = longest = 0
+    for d in data:
+        n_rows, n_tok = d.loss_tokens, len(d.tokens)
+        new_longest = max(longest, n_tok)
+        if cur and (rows + n_rows > max_rows or new_longest * (len(cur) + 1) > max_tokens):
+            out.append(cur)
+            cur, rows, new_longest = [], 0, n_tok
+        cur.append(d)
+        rows += n_rows
+        longest = new_longest
+    if cur:
+        out.append(cur)
+    return out
+
+
+def batch_loss(
+    model: torch.nn.Module,
+    batch: TrainingBatch,
+    loss: LossName = "importance_sampling",
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    max_head_rows: int = 512,
+    max_micro_tokens: int = 16384,
+) -> dict[str, float]:
+    """Run forward and backward over `batch`, adding its gradients to `model`'s `.grad`.
+
+    The loss is the sum of per-token losses over masked tokens divided by their count, so a
+    batch split into micro-batches gives the same gradient as one pass. Per token, with
+    `r = exp(logprob - sampler_logprob)` and advantage `A`:
+
+    - importance_sampling: `-r * A`
+    - ppo: `-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)`
+    - cross_entropy: `-logprob` (advantages and sampler logprobs are ignored)
+
+    Returns:
+        Metrics: `loss`, `tokens`, `sequences`, and for the policy-gradient losses the ratio
+        mean / min / max, `kl` (the k3 estimate of KL(sampler || trainer)),
+        `logprob_diff_max`, and `clip_fraction` (ppo); `entropy` always.
+    """
+    normalizer = float(batch.loss_tokens)
+    spec = _Loss(loss, clip_low, clip_high, normalizer)
+    decoder = model.get_decoder()
+    head = model.get_output_embeddings()
+    device = next(model.parameters()).device
+    total = 0.0
+    lp_all: list[torch.Tensor] = []
+    q_all: list[torch.Tensor] = []
+    adv_all: list[torch.Tensor] = []
+    ent_all: list[torch.Tensor] = []
+    for mb in _micro_batches(batch.data, max_head_rows, max_micro_tokens):
+        length = max(len(d.tokens) for d in mb)
+        ids = torch.zeros((len(mb), length), dtype=torch.long)
+        att = torch.zeros((len(mb), length), dtype=torch.long)
+        rows: list[int] = []
+        cols: list[int] = []
+        q: list[float] = []
+        adv: list[float] = []
+        for b, d in enumerate(mb):
+            ids[b, : len(d.tokens)] = torch.tensor(d.tokens)
+            att[b, : len(d.tokens)] = 1
+            for i, m in enumerate(d.mask):
+                if m:
+                    rows.append(b)
+                    cols.append(i)
+                    q.append(d.logprobs[i])
+                    adv.append(d.advantages[i])
+        ids, att = ids.to(device), att.to(device)
+        rows_t = torch.tensor(rows, device=device)
+        cols_t = torch.tensor(cols, device=device)
+        hidden = decoder(input_ids=ids, attention_mask=att).last_hidden_state
+        # The logit predicting token i sits at position i - 1; only those rows hit the head.
+        logits = head(hidden[rows_t, cols_t - 1])
+        logp = processed_logprobs(logits, batch.temperature, batch.top_k, batch.top_p)
+        lp = logp.gather(1, ids[rows_t, cols_t].unsqueeze(1)).squeeze(1)
+        q_t = torch.tensor(q, device=device, dtype=lp.dtype)
+        a_t = torch.tensor(adv, device=device, dtype=lp.dtype)
+        per_token = _per_token_loss(spec, lp, q_t, a_t)
+        mb_loss = per_token.sum() / spec.normalizer
+        mb_loss.backward()
+        total += float(mb_loss.detach())
+        with torch.no_grad():
+            ent_all.append(torch.special.entr(logp.exp()).sum(-1))
+        lp_all.append(lp.detach())
+        q_all.append(q_t)
+        adv_all.append(a_t)
+    lp_c, q_c, a_c = torch.cat(lp_all), torch.cat(q_all), torch.cat(adv_all)
+    metrics = {
+        "loss": total,
+        "tokens": normalizer,
+        "sequences": float(len(batch.data)),
+        "entropy": float(torch.cat(ent_all).mean()),
+    }
+    if loss != "cross_entropy":
+        metrics.update(_ratio_metrics(spec, lp_c, q_c, a_c))
+    return metrics
+
+
+def _per_token_loss(
+    spec: _Loss, lp: torch.Tensor, q: torch.Tensor, a: torch.Tensor
+) -> torch.Tensor:
+    if spec.name == "cross_entropy":
+        return -lp
+    ratio = torch.exp(lp - q)
+    if spec.name == "importance_sampling":
+        return -ratio * a
+    if spec.name == "ppo":
+        clipped = torch.clamp(ratio, 1.0 - spec.clip_low, 1.0 + spec.clip_high)
+        return -torch.minimum(ratio * a, clipped * a)
+    raise ConfigError(f"unknown loss {spec.name!r}")
+
+
+def _ratio_metrics(
+    spec: _Loss, lp: torch.Tensor, q: torch.Tensor, a: torch.Tensor
+) -> dict[str, float]:
+    diff = lp - q
+    ratio = diff.exp()
+    finite = torch.isfinite(diff)
+    k3 = (ratio - 1.0 - diff)[finite]
+    out = {
+        "ratio_mean": float(ratio.mean()),
+        "ratio_min": float(ratio.min()),
+        "ratio_max": float(ratio.max()),
+        "kl": float(k3.mean()) if k3.numel() else float("nan"),
+        "logprob_diff_max": float(diff[finite].abs().max()) if finite.any() else float("nan"),
+    }
+    if spec.name == "ppo":
+        clipped = torch.clamp(ratio, 1.0 - spec.clip_low, 1.0 + spec.clip_high)
+        out["clip_fraction"] = float((clipped * a < ratio * a).float().mean())
+    return out

@@ -1,0 +1,166 @@
+"""Sampling routes: vLLM's `/v1/completions` subset, SGLang's `/generate`, policy loading.
+
+Both sampling routes name the policy they sample from (`model`; `lora_path` on `/generate`,
+where a missing name means the newest loaded policy, as on an SGLang engine), and every
+answer carries the `PolicyRef` of the weights that produced it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from ..wire.sampling import (
+    CompletionRequest,
+    GenerateRequest,
+    LoadPolicyRequest,
+    ModelCard,
+    UnloadPolicyRequest,
+)
+from ._engine import GenerateParams, UnknownPolicy
+from ._state import server_state
+
+__all__ = ["sampling_router"]
+
+
+def sampling_router() -> APIRouter:
+    """The sampling, loading and statistics routes, over the app's engine and store."""
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/v1/models")
+    async def list_models(request: Request) -> dict[str, Any]:
+        state = server_state(request)
+        cards = [
+            ModelCard(id=name, root=ref.uri, plies_policy=ref).model_dump(mode="json")
+            for name, ref in state.engine.served().items()
+        ]
+        return {"object": "list", "data": cards}
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> dict[str, Any]:
+        state = server_state(request)
+        params = GenerateParams(
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k if body.top_k and body.top_k > 0 else -1,
+            seed=body.seed,
+            stop_token_ids=frozenset(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos,
+        )
+        result = await state.engine.generate(body.model, body.prompt, params)
+        tok = state.tokenizer
+        text = tok.decode(result.ids, skip_special_tokens=body.skip_special_tokens)
+        logprobs = None
+        if body.logprobs is not None:
+            if body.return_tokens_as_token_ids:
+                tokens = [f"token_id:{t}" for t in result.ids]
+            else:
+                tokens = tok.convert_ids_to_tokens(result.ids)
+            logprobs = {
+                "tokens": tokens,
+                "token_logprobs": result.logprobs,
+                "top_logprobs": None,
+                "text_offset": None,
+            }
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": result.finish_reason,
+            "stop_reason": result.stop_reason,
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = result.ids
+            choice["prompt_token_ids"] = body.prompt
+        n_out = len(result.ids)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(body.prompt),
+                "completion_tokens": n_out,
+                "total_tokens": len(body.prompt) + n_out,
+            },
+            "plies_policy": result.policy.model_dump(mode="json"),
+        }
+
+    @router.post("/generate")
+    async def generate(body: GenerateRequest, request: Request) -> dict[str, Any]:
+        state = server_state(request)
+        name = body.lora_path
+        if name is None:
+            served = state.engine.served()
+            if not served:
+                raise UnknownPolicy("no policy is loaded")
+            name = list(served)[-1]
+        sp = body.sampling_params
+        params = GenerateParams(
+            max_tokens=sp.max_new_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k if sp.top_k > 0 else -1,
+            seed=sp.sampling_seed,
+            stop_token_ids=frozenset(sp.stop_token_ids or ()),
+            ignore_eos=sp.ignore_eos,
+        )
+        result = await state.engine.generate(name, body.input_ids, params)
+        ids = result.ids
+        if result.finish_reason == "stop" and not sp.no_stop_trim:
+            ids = ids[:-1]
+        meta: dict[str, Any] = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": {
+                "type": result.finish_reason,
+                "matched": result.ids[-1] if result.finish_reason == "stop" else None,
+            },
+            "prompt_tokens": len(body.input_ids),
+            "completion_tokens": len(result.ids),
+            "weight_version": str(result.policy.version),
+        }
+        if body.return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for t, lp in zip(result.ids, result.logprobs, strict=True)
+            ]
+        return {
+            "text": state.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens),
+            "output_ids": result.ids,
+            "meta_info": meta,
+        }
+
+    @router.post("/v1/load_lora_adapter")
+    async def load_policy(body: LoadPolicyRequest, request: Request) -> dict[str, Any]:
+        state = server_state(request)
+        ref = await state.engine.load(
+            body.lora_name, Path(body.lora_path), replace=body.load_inplace
+        )
+        return {"status": "loaded", "name": body.lora_name, "plies_policy": ref.model_dump()}
+
+    @router.post("/v1/unload_lora_adapter")
+    async def unload_policy(body: UnloadPolicyRequest, request: Request) -> dict[str, Any]:
+        ref = server_state(request).engine.unload(body.lora_name)
+        return {"status": "unloaded", "name": body.lora_name, "plies_policy": ref.model_dump()}
+
+    @router.get("/plies/stats")
+    async def stats(request: Request) -> dict[str, Any]:
+        return asdict(server_state(request).engine.statistics())
+
+    @router.get("/plies/policies")
+    async def policies(request: Request) -> dict[str, Any]:
+        store = server_state(request).store
+        refs = [store.get(v).model_dump() for v in store.versions()]
+        return {"published": refs}
+
+    return router

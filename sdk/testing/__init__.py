@@ -1,0 +1,54 @@
+"""plies.testing: what tests, benchmarks, examples and recipes share, shipped with plies.
+
+- The offline model kit: a real Qwen3 tokenizer and a tiny random Qwen3 model, built from
+  installed packages (no model hub) and cached (`qwen3_tokenizer_dir`, `tiny_model_dir`).
+- `serve_process` / `serve_process_sync`: start a server that prints one JSON ready line on
+  stdout, hand it out as a `ServerProcess`, stop it on every path (`spawn_server` and
+  `stop_server` are its two halves, for a pool that owns the lifetime); `plies_command`
+  spells `python -m plies ...` for this interpreter.
+
+It imports only the low layers, so users test their own envs against real servers the same
+way plies tests itself.
+"""
+
+from ._models import FIRST_ADDED_ID as FIRST_ADDED_ID
+from ._models import KIT_VERSION as KIT_VERSION
+from ._models import QWEN3_ADDED_TOKENS as QWEN3_ADDED_TOKENS
+from ._models import VOCAB_SIZE as VOCAB_SIZE
+from ._models import build_qwen3_tokenizer as build_qwen3_tokenizer
+from ._models import build_tiny_model as build_tiny_model
+from ._models import kit_dir as kit_dir
+from ._models import qwen3_tokenizer_dir as qwen3_tokenizer_dir
+from ._models import tiny_model_dir as tiny_model_dir
+from ._models import tree_digest as tree_digest
+from ._serve import ServerProcess as ServerProcess
+from ._serve import plies_command as plies_command
+from ._serve import serve_process as serve_process
+from ._serve import serve_process_sync as serve_process_sync
+from ._serve import spawn_server as spawn_server
+from ._serve import stop_server as stop_server
+
+__all__ = [
+    "FIRST_ADDED_ID",
+    "KIT_VERSION",
+    "QWEN3_ADDED_TOKENS",
+    "VOCAB_SIZE",
+    "ServerProcess",
+    "build_qwen3_tokenizer",
+    "build_tiny_model",
+    "kit_dir",
+    "plies_command",
+    "qwen3_tokenizer_dir",
+    "serve_process",
+    "serve_process_sync",
+    "spawn_server",
+    "stop_server",
+    "tiny_model_dir",
+    "tree_digest",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if callable(_obj):  # classes and functions; constants have no __module__
+        _obj.__module__ = "plies.testing"
+del _name, _obj
