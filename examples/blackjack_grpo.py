@@ -27,13 +27,10 @@ from transformers import AutoTokenizer
 
 from plies import AdmissionClosed, Group, PolicyRef
 from plies.environments import BlackjackEnv, Task
-from plies.harness import EpisodeLimits, ToolCallingHarness
-from plies.policy import SamplingParams, VLLMClient, publish
+from plies.policy import VLLMClient, publish
 from plies.recipes.blackjack import (
     BUDGETS,
-    FORFEIT,
     MAX_STALENESS,
-    SYSTEM_PROMPT,
     TEMPLATE_KWARGS,
     TRAIN_SEEDS,
     Budget,
@@ -140,16 +137,8 @@ async def blackjack_grpo(out: Path, budget: Budget, interrupts: Interrupts) -> N
             report_path=out / "quarantine.json",
         ) as resources,
     ):
-        harness = Forfeiting(  # a hand the model leaves unfinished scores FORFEIT
-            ToolCallingHarness(
-                renderer,
-                sampler,
-                SamplingParams(max_tokens=budget.max_new_tokens, temperature=1.0),
-                limits=EpisodeLimits(max_turns=budget.max_turns),
-                system_prompt=SYSTEM_PROMPT,
-                ill_formed_reward=FORFEIT,
-            )
-        )
+        # The tool-calling harness under the budget; a hand left unfinished scores FORFEIT.
+        harness = Forfeiting.for_budget(renderer, sampler, budget)
 
         def stop_if_interrupted(*_: object) -> None:
             if interrupts.count:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -103,6 +103,7 @@ class _Ended(Exception):
         self.detail = detail
 
 
+@dataclass(frozen=True, slots=True)
 class ToolCallingHarness:
     """Plays episodes of tool-calling envs with one policy client and one renderer.
 
@@ -131,24 +132,14 @@ class ToolCallingHarness:
         traj.status, traj.reward, traj.turns[0].completion_ids
     """
 
-    def __init__(
-        self,
-        renderer: ChatRenderer,
-        policy: PolicyClient,
-        sampling: SamplingParams,
-        *,
-        limits: EpisodeLimits = EpisodeLimits(),
-        system_prompt: str | None = None,
-        correction: str | None = None,
-        ill_formed_reward: float | None = None,
-    ):
-        self.renderer = renderer
-        self.policy = policy
-        self.sampling = sampling
-        self.limits = limits
-        self.system_prompt = system_prompt
-        self.correction = correction
-        self.ill_formed_reward = ill_formed_reward
+    renderer: ChatRenderer
+    policy: PolicyClient
+    sampling: SamplingParams
+    _: KW_ONLY
+    limits: EpisodeLimits = EpisodeLimits()
+    system_prompt: str | None = None
+    correction: str | None = None
+    ill_formed_reward: float | None = None
 
     async def play(self, ctx: EpisodeContext, *, pool: str = "env") -> Trajectory:
         """A `RolloutDriver` episode: borrow an env from `pool`, play `ctx.task` on it.
@@ -214,31 +205,23 @@ def _operation(lease: Lease[Any] | None, name: str) -> AbstractAsyncContextManag
     return lease.operation(name) if lease is not None else nullcontext()
 
 
+@dataclass(slots=True)
 class _Episode:
     """The state of one episode; the loop's bookkeeping is O(new tokens) per turn."""
 
-    def __init__(
-        self,
-        harness: ToolCallingHarness,
-        env: Env,
-        traj: Trajectory,
-        record: Callable[[Turn], None],
-        lease: Lease[Any] | None,
-        policy: PolicyRef | str | None,
-    ):
-        self.h = harness
-        self.env = env
-        self.traj = traj
-        self.record = record
-        self.lease = lease
-        self.policy = policy
-        self.reward: float | None = None
-        self.tool_calls = 0
-        self.tool_errors = 0
-        self.ill_formed: list[dict[str, Any]] = []
-        self.conv: Conversation | None = None
-        self.sample_s = 0.0
-        self.tokens_sampled = 0
+    h: ToolCallingHarness
+    env: Env
+    traj: Trajectory
+    record: Callable[[Turn], None]
+    lease: Lease[Any] | None
+    policy: PolicyRef | str | None
+    reward: float | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+    ill_formed: list[dict[str, Any]] = field(default_factory=list)
+    conv: Conversation | None = None
+    sample_s: float = 0.0
+    tokens_sampled: int = 0
 
     async def play(self, task: Task) -> Trajectory:
         started = time.monotonic()

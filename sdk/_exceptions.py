@@ -34,35 +34,13 @@ cross process boundaries.
 
 from __future__ import annotations
 
-__all__ = [
-    "AdmissionClosed",
-    "ConfigError",
-    "EnvCapacityError",
-    "EnvError",
-    "GatewayError",
-    "GatewayRequestError",
-    "GatewaySessionError",
-    "LeaseError",
-    "OperationUnsettled",
-    "PliesError",
-    "PolicyError",
-    "PolicyOutcomeUnknown",
-    "PolicyResponseError",
-    "PolicyUnavailable",
-    "PoolExhausted",
-    "SandboxError",
-    "TokenizationError",
-    "ToolError",
-    "TrainingError",
-    "TrainingGradientsLost",
-    "TrainingQuarantined",
-    "TrajectoryError",
-    "UsageError",
-]
-
 
 class PliesError(Exception):
     """Root of every error plies raises on purpose."""
+
+    def __reduce__(self):
+        """Pickle the keyword context (`url`, `turn`, ...) too, not only the message."""
+        return (_rebuild, (type(self), self.args, self.__dict__))
 
 
 class ConfigError(PliesError, ValueError):
@@ -86,9 +64,6 @@ class TrajectoryError(PliesError):
         self.turn = turn
         self.position = position
 
-    def __reduce__(self):  # keep keyword context through pickling
-        return (_rebuild, (type(self), self.args, self.__dict__))
-
 
 class PolicyError(PliesError):
     """Sampling from a policy failed.
@@ -100,9 +75,6 @@ class PolicyError(PliesError):
     def __init__(self, message: str, *, url: str | None = None):
         super().__init__(message)
         self.url = url
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), self.args, self.__dict__))
 
 
 class PolicyUnavailable(PolicyError):
@@ -147,9 +119,6 @@ class TrainingGradientsLost(TrainingError):
         super().__init__(message)
         self.op_ids = list(op_ids or [])
 
-    def __reduce__(self):
-        return (_rebuild, (type(self), self.args, self.__dict__))
-
 
 class TrainingQuarantined(TrainingError):
     """The training session's state could not be reconciled; it refuses further steps."""
@@ -173,9 +142,6 @@ class SandboxError(EnvError):
     def __init__(self, message: str, *, sandbox_id: str | None = None):
         super().__init__(message)
         self.sandbox_id = sandbox_id
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), self.args, self.__dict__))
 
 
 class ToolError(EnvError):
@@ -223,9 +189,6 @@ class GatewayRequestError(GatewayError, ValueError):
     def __init__(self, message: str, *, param: str | None = None):
         super().__init__(message)
         self.param = param
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), self.args, self.__dict__))
 
 
 class UsageError(PliesError, RuntimeError):

@@ -56,6 +56,13 @@ def serve(
     max_model_len: Annotated[int, typer.Option(help="Prompt + completion tokens.")] = 4096,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     threads: Annotated[int | None, typer.Option(help="torch intra-op threads.")] = None,
+    model_name: Annotated[
+        str | None,
+        typer.Option(help="Tinker API: the base model's name (default: the directory's)."),
+    ] = None,
+    max_models: Annotated[
+        int, typer.Option(help="Tinker API: training tenants (create_model) held at once.")
+    ] = 8,
     test_faults: Annotated[
         bool,
         typer.Option(hidden=True, help="Test only: routes that hold the trainer; loopback only."),
@@ -76,6 +83,8 @@ def serve(
             max_queued=max_queued,
             max_model_len=max_model_len,
             device=device,
+            model_name=model_name,
+            tinker={"max_models": max_models},
         )
     )
 

@@ -47,9 +47,14 @@ from .._exceptions import (
     PolicyUnavailable,
 )
 from .._lifecycle import AsyncLifecycle
+from ..trajectory import PolicyRef
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
+from ._types import Completion, SamplingParams
 
 __all__ = ["HTTPPolicyClient"]
+
+PolicyChoice = PolicyRef | str | None
+"""The policy a caller asks `sample` for: a `PolicyRef`, a served name, or the default."""
 
 LANE_REQUESTS = 8
 """Most requests one httpx client carries at once."""
@@ -208,6 +213,26 @@ class HTTPPolicyClient(AsyncLifecycle):
             up,
             key=lambda u: (self._in_flight[u], (self.base_urls.index(u) - self._turn) % len(up)),
         )
+
+    # -- sampling -------------------------------------------------------------------------
+
+    async def sample(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        policy: PolicyRef | str | None = None,
+        session: str | None = None,
+    ) -> Completion:
+        """Sample one completion; see `PolicyClient.sample`."""
+        self._check_open("sample")
+        return await self._sample(list(prompt_ids), params, policy, session)
+
+    async def _sample(
+        self, prompt: list[int], params: SamplingParams, policy: PolicyChoice, session: str | None
+    ) -> Completion:
+        """The backend's request and answer; `policy` is what the caller asked for."""
+        raise NotImplementedError
 
     # -- requests -------------------------------------------------------------------------
 

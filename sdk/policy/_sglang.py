@@ -15,7 +15,7 @@ from typing import Any
 from .._exceptions import PolicyResponseError
 from ..trajectory import PolicyRef
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
-from ._http import HTTPPolicyClient
+from ._http import HTTPPolicyClient, PolicyChoice
 from ._types import Completion, SamplingParams
 
 __all__ = ["SGLangClient"]
@@ -58,20 +58,11 @@ class SGLangClient(HTTPPolicyClient):
         """Record that engines reporting `weight_version` serve `policy`."""
         self._versions[weight_version] = policy
 
-    async def sample(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        policy: PolicyRef | str | None = None,
-        session: str | None = None,
+    async def _sample(
+        self, prompt: list[int], params: SamplingParams, policy: PolicyChoice, session: str | None
     ) -> Completion:
-        """Sample one completion; see `PolicyClient.sample`.
-
-        `policy` is checked, not routed: SGLang serves one set of weights per engine, so an
-        answer from other weights than the requested ones raises `PolicyResponseError`.
-        """
-        self._check_open("sample")
+        """`policy` is checked, not routed: SGLang serves one set of weights per engine, so an
+        answer from other weights than the requested ones raises `PolicyResponseError`."""
         sampling: dict[str, Any] = {
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,
@@ -84,7 +75,7 @@ class SGLangClient(HTTPPolicyClient):
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed
         payload = {
-            "input_ids": list(prompt_ids),
+            "input_ids": prompt,
             "sampling_params": sampling,
             "return_logprob": True,
             "logprob_start_len": -1,

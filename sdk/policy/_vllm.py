@@ -22,7 +22,7 @@ from .._exceptions import ConfigError, PolicyError, PolicyResponseError
 from ..trajectory import PolicyRef
 from ..wire.sampling import served_name
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
-from ._http import HTTPPolicyClient
+from ._http import HTTPPolicyClient, PolicyChoice
 from ._publish import load_lora_adapter
 from ._types import Completion, SamplingParams
 
@@ -108,7 +108,7 @@ class VLLMClient(HTTPPolicyClient):
     async def _get_json(self, path: str) -> Any:
         return await self._send(await self._choose(None), path, None, method="GET")
 
-    async def _name_of(self, policy: PolicyRef | str | None) -> str:
+    async def _name_of(self, policy: PolicyChoice) -> str:
         if policy is None:
             return self.model
         if isinstance(policy, str):
@@ -149,16 +149,9 @@ class VLLMClient(HTTPPolicyClient):
 
     # -- sampling -------------------------------------------------------------------------
 
-    async def sample(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        policy: PolicyRef | str | None = None,
-        session: str | None = None,
+    async def _sample(
+        self, prompt: list[int], params: SamplingParams, policy: PolicyChoice, session: str | None
     ) -> Completion:
-        """Sample one completion; see `PolicyClient.sample`."""
-        self._check_open("sample")
         name = await self._name_of(policy)
         while name in self._gates:
             await self._gates[name].wait()
@@ -170,7 +163,7 @@ class VLLMClient(HTTPPolicyClient):
             )
         payload = {
             "model": name,
-            "prompt": list(prompt_ids),
+            "prompt": prompt,
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,

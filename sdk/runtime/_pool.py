@@ -19,7 +19,6 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -183,12 +182,7 @@ class Pool(AsyncLifecycle, Generic[T]):
         await self._tg.__aenter__()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose(grace=self.teardown_timeout)
 
     async def aclose(self, *, grace: float = 0.0) -> None:

@@ -5,7 +5,6 @@ It draws only on a terminal; in a pipe or a log file it does nothing, so logs st
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -86,12 +85,7 @@ class LiveProgress:
             last_turns, last_t = stats.turns, now
             self._live.update(render_line(stats, rate), refresh=True)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._tg is not None:
             tg, self._tg = self._tg, None
             tg.cancel_scope.cancel()

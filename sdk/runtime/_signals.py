@@ -56,12 +56,7 @@ class Interrupts:
     def attach(self, driver: RolloutDriver) -> RolloutDriver:
         """Apply interrupts to `driver`, including any received before it was attached."""
         self._drivers.append(driver)
-        if self.count >= 3:
-            driver.abort()
-        elif self.count == 2:
-            driver.cancel()
-        elif self.count == 1:
-            driver.close_admission()
+        _escalate(driver, self.count)
         return driver
 
     def _say(self, line: str) -> None:
@@ -85,28 +80,39 @@ class Interrupts:
             self._say("interrupted; stopping")
             self._main.cancel()
             return
-        if self.count == 1:
-            self._say(
-                f"interrupt: admission stopped; draining {running} running episodes "
-                "(Ctrl-C again to cancel them)"
-            )
-            for driver in drivers:
-                driver.close_admission()
-        elif self.count == 2:
-            self._say(
-                f"{cancel_cause}: cancelling {running} episodes; remote operations may "
-                "settle, or are quarantined (Ctrl-C again to abort)"
-            )
-            for driver in drivers:
-                driver.cancel()
-        elif self.count == 3:
-            self._say("third interrupt: aborting now; the quarantine report lists what is left")
-            for driver in drivers:
-                driver.abort()
-            if self._main is not None:
-                self._main.cancel()
-        else:
+        if step > 3:
             self._say("already aborting; waiting for the quarantine report to be written")
+            return
+        self._say(_step_line(step, running, cancel_cause))
+        for driver in drivers:
+            _escalate(driver, step)
+        if step == 3 and self._main is not None:
+            self._main.cancel()
+
+
+def _escalate(driver: RolloutDriver, step: int) -> None:
+    """Bring one driver to `step`: one place, so a late-attached driver catches up exactly."""
+    if step >= 3:
+        driver.abort()
+    elif step == 2:
+        driver.cancel()
+    elif step == 1:
+        driver.close_admission()
+
+
+def _step_line(step: int, running: int, cancel_cause: str) -> str:
+    """What a step does, to how many episodes, and what the next Ctrl-C would do."""
+    if step == 1:
+        return (
+            f"interrupt: admission stopped; draining {running} running episodes "
+            "(Ctrl-C again to cancel them)"
+        )
+    if step == 2:
+        return (
+            f"{cancel_cause}: cancelling {running} episodes; remote operations may "
+            "settle, or are quarantined (Ctrl-C again to abort)"
+        )
+    return "third interrupt: aborting now; the quarantine report lists what is left"
 
 
 def run(

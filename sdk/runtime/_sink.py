@@ -15,7 +15,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
@@ -74,12 +73,7 @@ class JsonlSink(Lifecycle):
     def __enter__(self) -> JsonlSink:
         return self.open()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def write(self, record: BaseModel | dict[str, Any], *, sync: bool = False) -> None:

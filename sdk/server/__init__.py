@@ -50,6 +50,10 @@ Contract (other parts of plies build on it):
   from the policy served under `lora_path` (SGLang's adapter name; without one, the most
   recently loaded policy) and reports its version as `meta_info.weight_version`.
 - `GET /plies/stats` returns the engine's counters (forward passes, rows per pass, requests).
+- The Tinker API (`/api/v1/`, the private `_tinker` package, mounted when the `tinker` SDK
+  is installed): the unmodified `tinker==0.38.0` SDK trains tenants (one per `create_model`,
+  LoRA or full weights) and samples from their snapshots on the same engine; `plies serve
+  --model-name NAME` names the base model there. See docs/tinker.md.
 """
 
 from ._app import create_app as create_app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,6 +24,20 @@ from ._training_routes import training_router
 
 __all__ = ["create_app"]
 
+log = logging.getLogger("plies.server")
+
+
+def _tinker_service(config: ServerConfig) -> Any:
+    """The Tinker API service, or None when the `tinker` SDK (its protobuf module) is absent."""
+    try:
+        from ._tinker import TinkerService
+    except ImportError as exc:
+        if exc.name is None or not exc.name.startswith("tinker"):
+            raise
+        log.info("the tinker package is not installed: no Tinker API (pip install 'plies[tinker]')")
+        return None
+    return TinkerService(config)
+
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse(
@@ -34,7 +49,8 @@ def create_app(config: ServerConfig, *, test_faults: bool = False) -> FastAPI:
     """Build the reference server app. Loading happens at startup (the lifespan), off the loop.
 
     Startup opens the policy store under `config.state_dir` (version 0 = `config.model_dir`)
-    and serves the latest published version as `served_name(version)`.
+    and serves the latest published version as `served_name(version)`. With the `tinker`
+    package installed, the Tinker API is served under `/api/v1/` too (docs/tinker.md).
 
     Args:
         config: what the server serves and how.
@@ -61,6 +77,8 @@ def create_app(config: ServerConfig, *, test_faults: bool = False) -> FastAPI:
         app.state.plies = ServerState(config, store, engine, loaded[0])
         async with anyio.create_task_group() as tg:
             await tg.start(engine.run)
+            if tinker is not None:
+                await tg.start(tinker.run, app.state.plies)
             yield
             tg.cancel_scope.cancel()
 
@@ -68,6 +86,11 @@ def create_app(config: ServerConfig, *, test_faults: bool = False) -> FastAPI:
     faults = Faults() if test_faults else None
     app.include_router(sampling_router())
     app.include_router(training_router(faults))
+    tinker = _tinker_service(config)
+    if tinker is not None:
+        from ._tinker import tinker_router
+
+        app.include_router(tinker_router(tinker))
     if faults is not None:
         app.include_router(faults_router(faults))
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ServerConfig", "TrainerConfig"]
+__all__ = ["ServerConfig", "TinkerConfig", "TrainerConfig"]
 
 
 class TrainerConfig(BaseModel):
@@ -26,6 +26,33 @@ class TrainerConfig(BaseModel):
         default=16384, ge=1, description="Most padded tokens per micro-batch forward."
     )
     keep_checkpoints: int = Field(default=1, ge=1, description="Checkpoints kept on disk.")
+
+
+class TinkerConfig(BaseModel):
+    """Limits of the Tinker API routes (`/api/v1/`, see `_tinker/`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_models: int = Field(
+        default=8, ge=1, description="Training tenants (create_model) held at once."
+    )
+    max_loaded_samplers: int = Field(
+        default=4,
+        ge=1,
+        description="Sampler snapshots kept loaded in the engine; older ones reload on use.",
+    )
+    max_datums: int = Field(
+        default=1024, ge=1, description="Datums per forward_backward request (the SDK's chunk)."
+    )
+    max_samples: int = Field(default=128, ge=1, description="num_samples per asample request.")
+    poll_seconds: float = Field(
+        default=25.0, gt=0, description="How long retrieve_future holds a pending future."
+    )
+    gap_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a later seq_id waits for a missing one before failing.",
+    )
 
 
 class ServerConfig(BaseModel):
@@ -54,3 +81,16 @@ class ServerConfig(BaseModel):
     trainer: TrainerConfig = Field(
         default_factory=TrainerConfig, description="Knobs of the training routes."
     )
+    model_name: str | None = Field(
+        default=None,
+        description="The base model's name on the Tinker API (a hub name such as "
+        "`Qwen/Qwen3-8B`); by default the model directory's name.",
+    )
+    tinker: TinkerConfig = Field(
+        default_factory=TinkerConfig, description="Limits of the Tinker API routes."
+    )
+
+    @property
+    def served_model_name(self) -> str:
+        """The name the Tinker API serves the base model under."""
+        return self.model_name or self.model_dir.name

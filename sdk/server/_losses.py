@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from .._exceptions import ConfigError
-from ..wire.training import Datum, LossName, TrainingBatch
+from ..wire.training import LossName, TrainingBatch
 from ._sampling import processed_logprobs
 
-__all__ = ["batch_loss"]
+__all__ = ["batch_loss", "micro_batches"]
 
 
 @dataclass
@@ -29,18 +29,22 @@ class _Loss:
     normalizer: float
 
 
-def _micro_batches(data: list[Datum], max_rows: int, max_tokens: int) -> list[list[Datum]]:
-    """Split data into consecutive micro-batches bounded by head rows and padded tokens."""
-    out: list[list[Datum]] = []
-    cur: list[Datum] = []
+def micro_batches(sizes: list[tuple[int, int]], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Split items, given as (head rows, tokens) each, into consecutive micro-batches.
+
+    A micro-batch holds at most `max_rows` head rows (logits are computed only there) and at
+    most `max_tokens` padded tokens; an item larger than either still gets a batch of its own.
+    Both wires' losses batch this way, so their memory bounds are the same.
+    """
+    out: list[list[int]] = []
+    cur: list[int] = []
     rows = longest = 0
-    for d in data:
-        n_rows, n_tok = d.loss_tokens, len(d.tokens)
+    for k, (n_rows, n_tok) in enumerate(sizes):
         new_longest = max(longest, n_tok)
         if cur and (rows + n_rows > max_rows or new_longest * (len(cur) + 1) > max_tokens):
             out.append(cur)
             cur, rows, new_longest = [], 0, n_tok
-        cur.append(d)
+        cur.append(k)
         rows += n_rows
         longest = new_longest
     if cur:
@@ -83,7 +87,9 @@ def batch_loss(
     q_all: list[torch.Tensor] = []
     adv_all: list[torch.Tensor] = []
     ent_all: list[torch.Tensor] = []
-    for mb in _micro_batches(batch.data, max_head_rows, max_micro_tokens):
+    sizes = [(d.loss_tokens, len(d.tokens)) for d in batch.data]
+    for ks in micro_batches(sizes, max_head_rows, max_micro_tokens):
+        mb = [batch.data[k] for k in ks]
         length = max(len(d.tokens) for d in mb)
         ids = torch.zeros((len(mb), length), dtype=torch.long)
         att = torch.zeros((len(mb), length), dtype=torch.long)

@@ -25,18 +25,7 @@ from pydantic import BaseModel
 
 from .._exceptions import ConfigError, TrainingError, TrainingGradientsLost
 from ..trajectory import PolicyRef
-from ..wire.training import (
-    ForwardBackwardRequest,
-    ForwardBackwardResult,
-    OpKind,
-    OpRecord,
-    OpStatus,
-    OptimStepRequest,
-    OptimStepResult,
-    SavePolicyRequest,
-    SavePolicyResult,
-    TrainerState,
-)
+from ..wire import training as wire
 from ._config import TrainerConfig
 from ._faults import FaultPoint, Faults
 from ._journal import Checkpoints, Journal, bump_generation
@@ -71,10 +60,10 @@ class Trainer:
 
     Example:
         trainer = Trainer.open(state_dir, store)
-        trainer.forward_backward(ForwardBackwardRequest(op_id="s1-fb", batch=batch))
-        trainer.optim_step(OptimStepRequest(op_id="s1-opt", adam=AdamParams(lr=1e-4),
-                                            forward_backward_ops=["s1-fb"]))
-        ref = trainer.save_policy(SavePolicyRequest(op_id="s1-save")).policy
+        trainer.forward_backward(wire.ForwardBackwardRequest(op_id="s1-fb", batch=batch))
+        trainer.optim_step(wire.OptimStepRequest(op_id="s1-opt", adam=wire.AdamParams(lr=1e-4),
+                                                 forward_backward_ops=["s1-fb"]))
+        ref = trainer.save_policy(wire.SavePolicyRequest(op_id="s1-save")).policy
     """
 
     def __init__(
@@ -157,7 +146,7 @@ class Trainer:
 
     # -- public operations -------------------------------------------------------------
 
-    def forward_backward(self, req: ForwardBackwardRequest) -> ForwardBackwardResult:
+    def forward_backward(self, req: wire.ForwardBackwardRequest) -> wire.ForwardBackwardResult:
         """Accumulate the gradients of one batch; a repeated op id gets the original result.
 
         Raises:
@@ -166,9 +155,9 @@ class Trainer:
             ConfigError: a token id is outside the model's vocabulary.
         """
         with self._begin(req.op_id):
-            done = self._replay(req, OpKind.FORWARD_BACKWARD)
+            done = self._replay(req, wire.OpKind.FORWARD_BACKWARD)
             if done is not None:
-                if self._status(done) is OpStatus.LOST:
+                if self._status(done) is wire.OpStatus.LOST:
                     raise TrainingGradientsLost(
                         f"forward_backward {req.op_id} was applied in generation "
                         f"{done['generation']} but its gradients were discarded "
@@ -176,7 +165,7 @@ class Trainer:
                         "redo this step's forward_backward calls with new op ids",
                         op_ids=[req.op_id],
                     )
-                return ForwardBackwardResult.model_validate(done["result"])
+                return wire.ForwardBackwardResult.model_validate(done["result"])
             vocab = self.model.get_output_embeddings().weight.shape[0]
             for k, d in enumerate(req.batch.data):
                 bad = [t for t in d.tokens if t >= vocab]
@@ -193,7 +182,7 @@ class Trainer:
                     max_head_rows=self.config.max_head_rows,
                     max_micro_tokens=self.config.max_micro_tokens,
                 )
-                result = ForwardBackwardResult(
+                result = wire.ForwardBackwardResult(
                     op_id=req.op_id, generation=self.generation, step=self.step, metrics=metrics
                 )
                 self._pending.append(req.op_id)
@@ -201,7 +190,7 @@ class Trainer:
                 self._append(
                     {
                         "op_id": req.op_id,
-                        "kind": OpKind.FORWARD_BACKWARD.value,
+                        "kind": wire.OpKind.FORWARD_BACKWARD.value,
                         "digest": _digest(req),
                         "generation": self.generation,
                         "step": self.step,
@@ -219,7 +208,7 @@ class Trainer:
             self._reach("before_answer")
             return result
 
-    def optim_step(self, req: OptimStepRequest) -> OptimStepResult:
+    def optim_step(self, req: wire.OptimStepRequest) -> wire.OptimStepResult:
         """One AdamW step on exactly the gradients of `req.forward_backward_ops`.
 
         Raises:
@@ -227,9 +216,9 @@ class Trainer:
             ConfigError: no gradients are accumulated and none are named.
         """
         with self._begin(req.op_id):
-            done = self._replay(req, OpKind.OPTIM_STEP)
+            done = self._replay(req, wire.OpKind.OPTIM_STEP)
             if done is not None:
-                return OptimStepResult.model_validate(done["result"])
+                return wire.OptimStepResult.model_validate(done["result"])
             if sorted(req.forward_backward_ops) != sorted(self._pending):
                 held = list(self._pending)
                 self._discard_gradients()
@@ -246,10 +235,10 @@ class Trainer:
                     "optim_step with no accumulated gradients: call forward_backward first"
                 )
             metrics = self._apply_adam(req)
-            result = OptimStepResult(op_id=req.op_id, step=self.step, metrics=metrics)
+            result = wire.OptimStepResult(op_id=req.op_id, step=self.step, metrics=metrics)
             record = {
                 "op_id": req.op_id,
-                "kind": OpKind.OPTIM_STEP.value,
+                "kind": wire.OpKind.OPTIM_STEP.value,
                 "digest": _digest(req),
                 "generation": self.generation,
                 "step": self.step,
@@ -260,18 +249,18 @@ class Trainer:
             self._pending, self._pending_tokens = [], 0
             return result
 
-    def save_policy(self, req: SavePolicyRequest) -> SavePolicyResult:
+    def save_policy(self, req: wire.SavePolicyRequest) -> wire.SavePolicyResult:
         """Publish the current weights as the store's next immutable version."""
         with self._begin(req.op_id):
-            done = self._replay(req, OpKind.SAVE_POLICY)
+            done = self._replay(req, wire.OpKind.SAVE_POLICY)
             if done is not None:
-                return SavePolicyResult.model_validate(done["result"])
+                return wire.SavePolicyResult.model_validate(done["result"])
             ref = self.store.publish(self.model, self.tokenizer)
-            result = SavePolicyResult(op_id=req.op_id, step=self.step, policy=ref)
+            result = wire.SavePolicyResult(op_id=req.op_id, step=self.step, policy=ref)
             self._append(
                 {
                     "op_id": req.op_id,
-                    "kind": OpKind.SAVE_POLICY.value,
+                    "kind": wire.OpKind.SAVE_POLICY.value,
                     "digest": _digest(req),
                     "generation": self.generation,
                     "step": self.step,
@@ -280,17 +269,20 @@ class Trainer:
             )
             return result
 
-    def op(self, op_id: str) -> OpRecord | None:
+    def op(self, op_id: str) -> wire.OpRecord | None:
         """What became of an op, or None when it was never applied (safe to send again)."""
         rec = self._records.get(op_id)
         if rec is None:
             return None
-        return OpRecord(
-            op_id=op_id, kind=OpKind(rec["kind"]), status=self._status(rec), result=rec["result"]
+        return wire.OpRecord(
+            op_id=op_id,
+            kind=wire.OpKind(rec["kind"]),
+            status=self._status(rec),
+            result=rec["result"],
         )
 
-    def state(self) -> TrainerState:
-        return TrainerState(
+    def state(self) -> wire.TrainerState:
+        return wire.TrainerState(
             generation=self.generation,
             step=self.step,
             pending=list(self._pending),
@@ -316,7 +308,7 @@ class Trainer:
         if self._faults is not None:
             self._faults.reached(point)
 
-    def _replay(self, req: BaseModel, kind: OpKind) -> dict[str, Any] | None:
+    def _replay(self, req: BaseModel, kind: wire.OpKind) -> dict[str, Any] | None:
         rec = self._records.get(req.op_id)
         if rec is None:
             return None
@@ -327,14 +319,14 @@ class Trainer:
             )
         return rec
 
-    def _status(self, rec: dict[str, Any]) -> OpStatus:
-        if rec["kind"] != OpKind.FORWARD_BACKWARD.value:
-            return OpStatus.APPLIED
+    def _status(self, rec: dict[str, Any]) -> wire.OpStatus:
+        if rec["kind"] != wire.OpKind.FORWARD_BACKWARD.value:
+            return wire.OpStatus.APPLIED
         if rec["op_id"] in self._consumed:
-            return OpStatus.APPLIED
+            return wire.OpStatus.APPLIED
         if rec["op_id"] in self._pending:
-            return OpStatus.PENDING
-        return OpStatus.LOST
+            return wire.OpStatus.PENDING
+        return wire.OpStatus.LOST
 
     def _discard_gradients(self) -> list[str]:
         lost = list(self._pending)
@@ -344,7 +336,7 @@ class Trainer:
             log.warning("discarded the gradients of %s", lost)
         return lost
 
-    def _apply_adam(self, req: OptimStepRequest) -> dict[str, float]:
+    def _apply_adam(self, req: wire.OptimStepRequest) -> dict[str, float]:
         p = req.adam
         params = [q for q in self.model.parameters() if q.requires_grad]
         if self.optimizer is None:
@@ -385,5 +377,5 @@ class Trainer:
     def _index(self, record: dict[str, Any]) -> None:
         self._records[record["op_id"]] = record
         self._consumed.update(record.get("consumed", []))
-        if record["kind"] == OpKind.SAVE_POLICY.value:
+        if record["kind"] == wire.OpKind.SAVE_POLICY.value:
             self.policy = PolicyRef.model_validate(record["result"]["policy"])

@@ -25,7 +25,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import IO, Any, Generic, TypeVar
 
 import anyio
 from anyio.abc import Process
@@ -142,14 +142,7 @@ async def spawn_server(
     The other arguments and the errors are those of `serve_process`.
     """
     with Path(log).open("ab") as err:
-        process = await anyio.open_process(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            env=_child_env(env),
-            start_new_session=True,
-        )
+        process = await anyio.open_process(list(argv), **_child_options(err, env))
     handed_out = False
     try:
         if on_spawn is not None:
@@ -198,14 +191,7 @@ def serve_process_sync(
     half a line and stalls.
     """
     with Path(log).open("ab") as err:
-        process = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            env=_child_env(env),
-            start_new_session=True,
-        )
+        process = subprocess.Popen(list(argv), **_child_options(err, env))
     assert process.stdout is not None
     lines: list[bytes] = []
     reader = threading.Thread(
@@ -227,8 +213,16 @@ def serve_process_sync(
             process.stdout.close()
 
 
-def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
-    return {**OFFLINE_ENV, **(os.environ if env is None else env)}
+def _child_options(err: IO[bytes], env: Mapping[str, str] | None) -> dict[str, Any]:
+    """How both forms start a child: stdout piped for the ready line, stderr into the log, its
+    own session, and `OFFLINE_ENV` under its environment."""
+    return {
+        "stdin": subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": err,
+        "env": {**OFFLINE_ENV, **(os.environ if env is None else env)},
+        "start_new_session": True,
+    }
 
 
 def _parse_ready(

@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from .._exceptions import TokenizationError
+from ._parser import ParsedResponse
 from ._template import Template
 
 __all__ = [
@@ -302,12 +303,7 @@ def _episodes(template: Template) -> list[list[tuple[dict[str, Any], list[dict[s
         return {"role": "tool", "name": name, "content": text}
 
     def assistant(content: str = "", reasoning: str | None = None, calls=None) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": content}
-        if reasoning is not None:
-            msg["reasoning_content"] = reasoning
-        if calls:
-            msg["tool_calls"] = calls
-        return msg
+        return ParsedResponse(content, reasoning, calls or []).to_message()
 
     def user(text: str) -> dict[str, Any]:
         return {"role": "user", "content": text}

@@ -8,9 +8,10 @@ import anyio
 import httpx
 import pytest
 import torch
+from counting_episode import check_recorded, play_counting
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from plies import PolicyError, PolicyRef, PolicyUnavailable, Trajectory, Turn
+from plies import PolicyError, PolicyRef, PolicyUnavailable
 from plies.policy import (
     RetryPolicy,
     SamplingParams,
@@ -21,7 +22,6 @@ from plies.policy import (
     unload_lora_adapter,
 )
 from plies.server import weights_digest
-from plies.tokens import ChatRenderer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio, pytest.mark.timeout(900)]
 
@@ -173,40 +173,11 @@ async def test_reload_weights_cycle_switches_the_policy_in_place(vllm_server, fo
 async def test_multi_turn_episode_records_every_turn_unchanged(vllm_server, forward_logprobs):
     model_dir = vllm_server.store.path(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    renderer = ChatRenderer(tokenizer)
-    conv = renderer.start([{"role": "user", "content": "Let us count: 1"}])
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    trajectory = Trajectory(task_id="count")
-    sent: list[list[int]] = []
-    answers = []
+
+    async def params(turn: int, prompt: list[int]) -> SamplingParams:
+        return SamplingParams(max_tokens=6, temperature=0.9, seed=turn, stop_token_ids=(im_end,))
+
     async with client_for(vllm_server) as client:
-        for turn in range(3):
-            prompt = list(await conv.arender())
-            delta = conv.delta
-            params = SamplingParams(
-                max_tokens=6, temperature=0.9, seed=turn, stop_token_ids=(im_end,)
-            )
-            c = await client.sample(prompt, params, session=trajectory.id)
-            sent.append(prompt)
-            answers.append(c)
-            trajectory.turns.append(Turn.from_completion(delta, c))
-            conv.add_completion(c.ids, c.finish_reason)
-            conv.add_messages([{"role": "user", "content": str(turn + 2)}])
-    restored = Trajectory.model_validate_json(trajectory.model_dump_json())
-    for k, (prompt, c) in enumerate(zip(sent, answers, strict=True)):
-        assert restored.prompt_ids(k) == prompt
-        assert restored.turns[k].completion_ids == c.ids
-        assert restored.turns[k].logprobs == c.logprobs
-        assert worst(c.logprobs, forward_logprobs(model_dir, prompt, c.ids, 0.9)) < 1e-4
-    # A turn extends the previous one unless the renderer fell back (and said why); each
-    # fallback starts a new training segment. Either way every sampled number is kept.
-    fell_back = {f.turn for f in conv.fallbacks}
-    assert [t.extends for t in restored.turns] == [k > 0 and k not in fell_back for k in range(3)]
-    assert len(restored.segments()) == 1 + len(fell_back)
-    sampled = [
-        lp
-        for segment in restored.segments()
-        for lp, m in zip(segment.logprobs, segment.mask, strict=True)
-        if m
-    ]
-    assert sampled == [lp for c in answers for lp in c.logprobs]
+        episode = await play_counting(client, tokenizer, 3, params)
+    check_recorded(episode, model_dir, forward_logprobs, [0.9] * 3)

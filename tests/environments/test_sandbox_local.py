@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -71,26 +73,32 @@ async def test_files_commands_and_the_environment_allow_list(tmp_path, monkeypat
         await sandbox.run([PY, "-c", "pass"], timeout_s=5)
 
 
+@asynccontextmanager
+async def local_sandbox(root: Path) -> AsyncIterator[Sandbox]:
+    """A fresh sandbox under `root`, killed when the block ends, whatever it left running."""
+    sandbox = await LocalProcessBackend(root).create(run_id="run", episode_id="ep")
+    try:
+        yield sandbox
+    finally:
+        await sandbox.kill()
+
+
 async def test_a_timeout_kills_the_whole_process_group(tmp_path):
-    sandbox = await LocalProcessBackend(tmp_path).create(run_id="run", episode_id="ep")
     script = (
         "import subprocess, sys, time\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
         "open('child.pid', 'w').write(str(child.pid)); time.sleep(60)\n"
     )
-    try:
+    async with local_sandbox(tmp_path) as sandbox:
         with pytest.raises(SandboxError, match=r"did not finish in 1\.0s") as err:
             await sandbox.run([PY, "-c", script], timeout_s=1.0)
         assert err.value.sandbox_id == sandbox.id
         child = int(await sandbox.read_file("child.pid"))
         assert await wait_dead(child)
-    finally:
-        await sandbox.kill()
 
 
 async def test_cancelling_a_command_kills_it(tmp_path):
-    sandbox = await LocalProcessBackend(tmp_path).create(run_id="run", episode_id="ep")
-    try:
+    async with local_sandbox(tmp_path) as sandbox:
         with anyio.move_on_after(1.0):
             await sandbox.run(
                 [PY, "-c", "import os, time; open('pid', 'w').write(str(os.getpid())); "
@@ -98,8 +106,6 @@ async def test_cancelling_a_command_kills_it(tmp_path):
                 timeout_s=60,
             )  # fmt: skip
         assert await wait_dead(int(await sandbox.read_file("pid")))
-    finally:
-        await sandbox.kill()
 
 
 async def test_reap_by_id_kills_escaped_processes_and_removes_the_directory(tmp_path):

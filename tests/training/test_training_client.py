@@ -7,6 +7,9 @@ Crashes are placed by holding the trainer at a fault point (the servers run with
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -24,6 +27,7 @@ from plies import (
 from plies.policy import SamplingParams, VLLMClient, publish
 from plies.training import (
     AdamParams,
+    ForwardBackwardResult,
     OpStatus,
     TrainingBatch,
     TrainingClient,
@@ -59,6 +63,41 @@ async def wait_in_flight(url: str, op_id: str, *, applied: bool = False) -> None
                 if state["in_flight"] == op_id and (not applied or op_id in state["pending"]):
                     return
                 await anyio.sleep(0.05)
+
+
+@dataclass
+class Sent:
+    """Op "s1-fb" as `in_flight` sent it: what it returned, or what it raised."""
+
+    result: ForwardBackwardResult | None = None
+    error: Exception | None = None
+
+    def outcome(self) -> ForwardBackwardResult:
+        """The result, or the op's error raised again (for `pytest.raises`)."""
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+@asynccontextmanager
+async def in_flight(
+    trainer: TrainingClient, url: str, *, applied: bool = False
+) -> AsyncIterator[Sent]:
+    """Send op "s1-fb" (a `forward_backward`) in the background; enter once the server holds
+    it (see `wait_in_flight`). Leaving waits for the op to end, however it ends."""
+    sent = Sent()
+
+    async def send() -> None:
+        try:
+            sent.result = await trainer.forward_backward(batch(), op_id="s1-fb")
+        except Exception as err:  # the test checks it once the block is over
+            sent.error = err
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(send)
+        await wait_in_flight(url, "s1-fb", applied=applied)
+        yield sent
 
 
 async def test_replayed_op_ids_return_the_original_result_and_publish_serves(
@@ -130,20 +169,13 @@ async def test_killed_before_the_gradients_were_applied_the_step_applies_once(
     server = start_server(tmp_path, port=port)
     await hold(server.url, "before_apply")
     async with TrainingClient(server.url, reconcile_timeout=120) as trainer:
-        results = {}
-
-        async def send() -> None:
-            results["fb"] = await trainer.forward_backward(batch(), op_id="s1-fb")
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(send)
-            await wait_in_flight(server.url, "s1-fb")
+        async with in_flight(trainer, server.url) as sent:
             server.kill()  # the request is in flight and unanswered
             assert not (tmp_path / "trainer" / "journal.jsonl").exists()
             await anyio.to_thread.run_sync(lambda: start_server(tmp_path, port=port))
         # The client asked the restarted server, learnt the op was never applied, and sent
         # it again under the same id: applied once, in the new generation.
-        assert results["fb"].generation == 2
+        assert sent.outcome().generation == 2
         step = await trainer.optim_step(ADAM)
         assert step.metrics["forward_backward_calls"] == 1
         assert step.metrics["tokens"] == batch().loss_tokens
@@ -160,19 +192,14 @@ async def test_killed_after_applying_but_before_answering_is_reported_lost_not_a
     server = start_server(tmp_path, port=port)
     await hold(server.url, "before_answer")
     async with TrainingClient(server.url, reconcile_timeout=120) as trainer:
-        async with anyio.create_task_group() as tg:
-
-            async def send() -> None:
-                with pytest.raises(TrainingGradientsLost, match="lost its gradients") as err:
-                    await trainer.forward_backward(batch(), op_id="s1-fb")
-                assert err.value.op_ids == ["s1-fb"]
-
-            tg.start_soon(send)
-            await wait_in_flight(server.url, "s1-fb", applied=True)
+        async with in_flight(trainer, server.url, applied=True) as sent:
             # Applied and journaled, but the answer was never sent.
             assert [r["op_id"] for r in journal(tmp_path)] == ["s1-fb"]
             server.kill()
             await anyio.to_thread.run_sync(lambda: start_server(tmp_path, port=port))
+        with pytest.raises(TrainingGradientsLost, match="lost its gradients") as err:
+            sent.outcome()
+        assert err.value.op_ids == ["s1-fb"]
         assert trainer.pending_ops == []
         assert (await trainer.op("s1-fb")).status is OpStatus.LOST
         # The client redoes the step's forward_backward under a new id; the step applies once.
@@ -190,15 +217,10 @@ async def test_unreachable_trainer_quarantines_the_session_until_reconciled(
     server = start_server(tmp_path, port=port)
     await hold(server.url, "before_apply")
     async with TrainingClient(server.url, reconcile_timeout=2) as trainer:
-        async with anyio.create_task_group() as tg:
-
-            async def send() -> None:
-                with pytest.raises(TrainingQuarantined, match="could not be asked"):
-                    await trainer.forward_backward(batch(), op_id="s1-fb")
-
-            tg.start_soon(send)
-            await wait_in_flight(server.url, "s1-fb")
+        async with in_flight(trainer, server.url) as sent:
             server.kill()
+        with pytest.raises(TrainingQuarantined, match="could not be asked"):
+            sent.outcome()
         assert "s1-fb" in trainer.quarantined
         with pytest.raises(TrainingQuarantined, match="call reconcile"):
             await trainer.forward_backward(batch(), op_id="s2-fb")
@@ -224,16 +246,11 @@ async def test_a_held_op_goes_on_when_released_and_the_client_checks_its_lifetim
         pass
     await hold(server.url, "before_answer")
     async with trainer:
-        results = {}
-
-        async def send() -> None:
-            results["fb"] = await trainer.forward_backward(batch(), op_id="s1-fb")
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(send)
-            await wait_in_flight(server.url, "s1-fb", applied=True)
-            async with httpx.AsyncClient(base_url=server.url) as http:
-                (await http.post("/plies/test/release")).raise_for_status()
-        assert results["fb"].op_id == "s1-fb" and trainer.pending_ops == ["s1-fb"]
+        async with (
+            in_flight(trainer, server.url, applied=True) as sent,
+            httpx.AsyncClient(base_url=server.url) as http,
+        ):
+            (await http.post("/plies/test/release")).raise_for_status()
+        assert sent.outcome().op_id == "s1-fb" and trainer.pending_ops == ["s1-fb"]
     with pytest.raises(UsageError, match="is closed"):
         await trainer.optim_step(ADAM)

@@ -9,21 +9,6 @@ from typing import Any, Literal
 
 from plies import ConfigError
 
-__all__ = [
-    "ALWAYS_STAND_RETURN",
-    "BUDGETS",
-    "EVAL_SEEDS",
-    "MAX_STALENESS",
-    "OPTIMAL_RETURN",
-    "RANDOM_RETURN",
-    "SYSTEM_PROMPT",
-    "TEMPLATE_KWARGS",
-    "TRAIN_SEEDS",
-    "WARM_SEEDS",
-    "Budget",
-    "DemoConfig",
-]
-
 SYSTEM_PROMPT = "You play Blackjack. Reply with exactly one tool call: hit or stand."
 """Terse on purpose: every token of the prompt is paid for at each turn."""
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 from plies import Status, Trajectory
-from plies.harness import ToolCallingHarness
+from plies.harness import EpisodeLimits, ToolCallingHarness
+from plies.policy import PolicyClient, SamplingParams
 from plies.runtime import EpisodeContext
+from plies.tokens import ChatRenderer
+
+from .config import SYSTEM_PROMPT, Budget
 
 __all__ = ["FORFEIT", "Forfeiting"]
 
@@ -22,6 +28,21 @@ class Forfeiting:
 
     def __init__(self, harness: ToolCallingHarness):
         self.harness = harness
+
+    @classmethod
+    def for_budget(cls, renderer: ChatRenderer, policy: PolicyClient, budget: Budget) -> Self:
+        """The recipe's harness: one tool call a turn, sampled at temperature 1 as GRPO's
+        importance sampling assumes, within the budget's tokens and turns."""
+        return cls(
+            ToolCallingHarness(
+                renderer,
+                policy,
+                SamplingParams(max_tokens=budget.max_new_tokens, temperature=1.0),
+                limits=EpisodeLimits(max_turns=budget.max_turns),
+                system_prompt=SYSTEM_PROMPT,
+                ill_formed_reward=FORFEIT,
+            )
+        )
 
     async def play(self, ctx: EpisodeContext) -> Trajectory:
         traj = await self.harness.play(ctx)

@@ -31,18 +31,17 @@ from plies.environments import (
     SandboxBackend,
     SandboxedBlackjackEnv,
 )
-from plies.harness import EpisodeLimits, ToolCallingHarness
-from plies.policy import SamplingParams, VLLMClient
+from plies.policy import VLLMClient
 from plies.runtime import EnvPool, Interrupts, RolloutResources, run
 from plies.testing import ServerProcess, plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer
 from plies.training import TrainingClient
 
-from .config import BUDGETS, SYSTEM_PROMPT, TEMPLATE_KWARGS, DemoConfig
+from .config import BUDGETS, TEMPLATE_KWARGS, DemoConfig
 from .evaluation import evaluate
 from .grpo import grpo
 from .report import write_summary
-from .rewards import FORFEIT, Forfeiting
+from .rewards import Forfeiting
 from .runlog import RunLog
 from .state import Interrupted, RunState
 from .warm_start import transcripts, warm_start
@@ -139,16 +138,7 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
                 report_path=out / "quarantine.json",
             )
         )
-        harness = Forfeiting(
-            ToolCallingHarness(
-                renderer,
-                client,
-                SamplingParams(max_tokens=budget.max_new_tokens, temperature=1.0),
-                limits=EpisodeLimits(max_turns=budget.max_turns),
-                system_prompt=SYSTEM_PROMPT,
-                ill_formed_reward=FORFEIT,
-            )
-        )
+        harness = Forfeiting.for_budget(renderer, client, budget)
         state = RunState(
             config=config,
             log=log,

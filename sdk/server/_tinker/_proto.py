@@ -1,0 +1,244 @@
+"""Protobuf in and out: `forward_backward` requests, its outputs and sample responses.
+
+The messages are the SDK's own generated module (`tinker.proto.tinker_public_pb2`), imported,
+never copied: the wire is private to the SDK and pinned with it. Everything a request carries
+is checked here (shapes, dtypes, token ids, finiteness), so the trainer sees only data it can
+train on and a bad request becomes a 400 before it takes a `seq_id` slot's work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from google.protobuf.message import DecodeError
+from tinker.proto import tinker_public_pb2 as pb
+
+from ._errors import TinkerRequestError
+
+__all__ = [
+    "LOSS_INPUTS",
+    "SUPPORTED_LOSSES",
+    "ForwardBackwardInput",
+    "TinkerDatum",
+    "check_forward_backward",
+    "encode_forward_backward",
+    "encode_samples",
+    "parse_forward_backward",
+]
+
+LOSS_INPUTS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("target_tokens",),
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+}
+"""The losses this slice computes and the `loss_fn_inputs` each one requires."""
+
+SUPPORTED_LOSSES = tuple(LOSS_INPUTS)
+
+_OPTIONAL_INPUTS = {"weights", "clip_low_threshold", "clip_high_threshold"}
+
+_NUMPY = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
+
+
+@dataclass
+class TinkerDatum:
+    """One sequence: input tokens and its loss inputs, each of leading dimension T."""
+
+    tokens: np.ndarray  # (T,) int64
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class ForwardBackwardInput:
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    config: dict[str, float]
+    forward_only: bool
+    data: list[TinkerDatum]
+
+
+def _tensor(msg: pb.Tensor, where: str) -> np.ndarray:
+    dtype = _NUMPY.get(msg.dtype)
+    if dtype is None:
+        raise TinkerRequestError(f"{where}: unsupported dtype {msg.dtype}")
+    shape = [int(s) for s in msg.shape]
+    if len(shape) not in (1, 2) or any(s < 0 for s in shape):
+        raise TinkerRequestError(f"{where}: shape {shape} is not [T] or [T, K]")
+    size = int(np.prod(shape))
+    try:
+        if msg.HasField("sparse_csr"):
+            csr = msg.sparse_csr
+            values = np.frombuffer(csr.values, dtype=dtype)
+            crow = np.frombuffer(csr.crow_indices, dtype=np.int64)
+            col = np.frombuffer(csr.col_indices, dtype=np.int64)
+            if len(shape) != 2:
+                raise TinkerRequestError(f"{where}: a sparse tensor must be 2-D, got {shape}")
+            rows, cols = shape
+            if len(crow) != rows + 1 or crow[0] != 0 or np.any(np.diff(crow) < 0):
+                raise TinkerRequestError(f"{where}: malformed CSR row index")
+            if crow[-1] != len(values) or len(col) != len(values):
+                raise TinkerRequestError(f"{where}: CSR index and value counts disagree")
+            if np.any((col < 0) | (col >= cols)):
+                raise TinkerRequestError(f"{where}: CSR column index out of range")
+            dense = np.zeros((rows, cols), dtype=dtype)
+            dense[np.repeat(np.arange(rows), np.diff(crow)), col] = values
+            array = dense.reshape(shape)
+        else:
+            array = np.frombuffer(msg.dense, dtype=dtype)
+            if array.size != size:
+                raise TinkerRequestError(
+                    f"{where}: {array.size} values for shape {shape} ({size} expected)"
+                )
+            array = array.reshape(shape)
+    except ValueError as exc:  # a byte count that is not a whole number of elements
+        raise TinkerRequestError(f"{where}: {exc}") from None
+    if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+        raise TinkerRequestError(f"{where}: holds a non-finite number")
+    return array
+
+
+def _datum(msg: pb.Datum, k: int, loss_fn: str, vocab: int, max_len: int) -> TinkerDatum:
+    parts = []
+    for chunk in msg.model_input:
+        if chunk.WhichOneof("chunk") != "encoded_text":
+            raise TinkerRequestError(
+                f"datum {k}: only encoded_text input chunks are supported (no images or audio)"
+            )
+        try:
+            parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
+        except ValueError:
+            raise TinkerRequestError(f"datum {k}: token bytes are not int32") from None
+    tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    n = len(tokens)
+    if n == 0:
+        raise TinkerRequestError(f"datum {k}: model_input holds no tokens")
+    if n > max_len:
+        raise TinkerRequestError(f"datum {k}: {n} tokens exceed max_model_len {max_len}")
+    inputs = {
+        name: _tensor(t, f"datum {k} loss_fn_inputs[{name!r}]")
+        for name, t in msg.loss_fn_inputs.items()
+    }
+    needed = LOSS_INPUTS[loss_fn]
+    missing = [name for name in needed if name not in inputs]
+    if missing:
+        raise TinkerRequestError(f"datum {k}: {loss_fn} needs loss_fn_inputs {missing}")
+    unknown = sorted(set(inputs) - set(needed) - _OPTIONAL_INPUTS)
+    if unknown:
+        raise TinkerRequestError(f"datum {k}: {loss_fn} does not take loss_fn_inputs {unknown}")
+    target = inputs["target_tokens"].astype(np.int64)
+    if target.ndim == 2 and loss_fn != "cross_entropy":
+        raise TinkerRequestError(f"datum {k}: only cross_entropy takes [T, K] target_tokens")
+    for name, array in inputs.items():
+        want = target.shape if name in ("target_tokens", "weights") else target.shape[:1]
+        if array.shape != want:
+            raise TinkerRequestError(
+                f"datum {k}: loss_fn_inputs[{name!r}] has shape {list(array.shape)}, "
+                f"expected {list(want)} (T = {n} input tokens)"
+            )
+    if target.shape[0] != n:
+        raise TinkerRequestError(
+            f"datum {k}: target_tokens has {target.shape[0]} rows for {n} input tokens"
+        )
+    for name, ids in (("model_input", tokens), ("target_tokens", target)):
+        bad = ids[(ids < 0) | (ids >= vocab)]
+        if bad.size:
+            raise TinkerRequestError(
+                f"datum {k}: {name} token id {int(bad[0])} is outside the vocabulary [0, {vocab})"
+            )
+    inputs["target_tokens"] = target
+    return TinkerDatum(tokens, inputs)
+
+
+def parse_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
+    """Parse a `ForwardBackwardRequest`; its contents are checked by `check_forward_backward`.
+
+    Raises:
+        TinkerRequestError: the bytes are not the message, or it names no model.
+    """
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except DecodeError as exc:
+        raise TinkerRequestError(f"malformed ForwardBackwardRequest protobuf: {exc}") from None
+    if not msg.model_id:
+        raise TinkerRequestError("ForwardBackwardRequest has no model_id")
+    return msg
+
+
+def check_forward_backward(
+    msg: pb.ForwardBackwardRequest, *, vocab: int, max_len: int, max_datums: int
+) -> ForwardBackwardInput:
+    """What a parsed request asks for, once it is known to be trainable.
+
+    Raises:
+        TinkerRequestError: unknown or unsupported loss, missing or misshapen inputs, token
+            ids outside the vocabulary, non-finite numbers, no datums or too many.
+    """
+    if msg.loss_fn not in LOSS_INPUTS:
+        raise TinkerRequestError(
+            f"loss_fn {msg.loss_fn!r} is not supported by plies serve yet; "
+            f"supported: {', '.join(SUPPORTED_LOSSES)}"
+        )
+    if not 1 <= len(msg.data) <= max_datums:
+        raise TinkerRequestError(
+            f"a forward_backward request takes 1 to {max_datums} datums, got {len(msg.data)}"
+        )
+    config = {k: v.number for k, v in msg.loss_fn_config_v2.items() if v.HasField("number")}
+    for k, v in msg.loss_fn_config.items():
+        config.setdefault(k, v)
+    texts = [k for k, v in msg.loss_fn_config_v2.items() if v.HasField("text")]
+    allowed = {"clip_low_threshold", "clip_high_threshold"} if msg.loss_fn == "ppo" else set()
+    unknown = sorted((set(config) | set(texts)) - allowed)
+    if unknown:
+        raise TinkerRequestError(f"loss_fn_config keys {unknown} are not used by {msg.loss_fn}")
+    if not all(np.isfinite(v) for v in config.values()):
+        raise TinkerRequestError("loss_fn_config holds a non-finite number")
+    data = [_datum(d, k, msg.loss_fn, vocab, max_len) for k, d in enumerate(msg.data)]
+    return ForwardBackwardInput(
+        model_id=msg.model_id,
+        seq_id=msg.seq_id,
+        loss_fn=msg.loss_fn,
+        config=config,
+        forward_only=msg.forward_only,
+        data=data,
+    )
+
+
+def encode_forward_backward(logprobs: list[np.ndarray], metrics: dict[str, float]) -> bytes:
+    """A `ForwardBackwardOutput`: each datum's target logprobs ([T] or [T, K]) and metrics.
+
+    Datums of one trailing shape share an `ArrayRecord`; consecutive runs keep their order.
+    """
+    out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    for key, value in metrics.items():
+        out.metrics[key] = value
+    runs: list[list[np.ndarray]] = []
+    for lp in logprobs:
+        if runs and runs[-1][0].shape[1:] == lp.shape[1:]:
+            runs[-1].append(lp)
+        else:
+            runs.append([lp])
+    for run in runs:
+        record = out.loss_fn_outputs.add()
+        record.num_datums = len(run)
+        arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in run]
+        offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype(np.int64)
+        field_ = record.fields["logprobs"]
+        field_.dtype = pb.DTYPE_FLOAT32
+        field_.data = b"".join(a.tobytes() for a in arrays)
+        field_.offsets = offsets.tobytes()
+        field_.trailing_shape.extend(run[0].shape[1:])
+    return out.SerializeToString()
+
+
+def encode_samples(samples: list[tuple[list[int], list[float], bool]]) -> bytes:
+    """A `SampleResponse`: per sequence its tokens, logprobs and whether it hit a stop."""
+    out = pb.SampleResponse()
+    for tokens, logprobs, stopped in samples:
+        seq = out.sequences.add()
+        seq.stop_reason = pb.STOP_REASON_STOP if stopped else pb.STOP_REASON_LENGTH
+        seq.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
+        seq.logprobs = np.asarray(logprobs, dtype=np.float32).tobytes()
+    return out.SerializeToString()

@@ -1,0 +1,169 @@
+"""Tenants: one per `create_model`, each with its own trainable weights and optimizer state.
+
+A tenant with a `lora_config` trains a LoRA adapter (peft) over its own copy of the base
+weights: attention, MLP and unembedding projections as the config's flags say, rank `rank`,
+alpha `LORA_ALPHA`, initialised from `seed`. Without one it trains every weight of its copy.
+Tenants never share a tensor, so one tenant's steps cannot change another's numbers.
+
+Sampler snapshots are the merged weights (base + adapter), published as immutable versions
+of the tenant's own `PolicyStore` under `STATE_DIR/tinker/<model>/`, which the engine loads
+like any published policy. Methods are blocking: the work queue runs them in a thread, one
+at a time per tenant.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._config import TrainerConfig
+from .._policies import PolicyStore
+from ._errors import TinkerRequestError
+from ._losses import tinker_loss
+from ._proto import ForwardBackwardInput, encode_forward_backward
+from ._schemas import AdamParams, LoraConfig
+
+__all__ = ["LORA_ALPHA", "Tenant"]
+
+log = logging.getLogger("plies.server.tinker")
+
+LORA_ALPHA = 32
+"""LoRA scaling numerator (the update is `alpha / rank * B @ A`), as Tinker documents it."""
+
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _lora_targets(model: torch.nn.Module, lora: LoraConfig) -> list[str]:
+    """Names of the linear layers the flags select, as found in this model."""
+    wanted = (_ATTN if lora.train_attn else ()) + (_MLP if lora.train_mlp else ())
+    found = sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in wanted
+        }
+    )
+    if lora.train_unembed:
+        if getattr(model.config, "tie_word_embeddings", False):
+            raise TinkerRequestError(
+                "train_unembed=True on a model with tied embeddings is not supported yet; "
+                "pass train_unembed=False"
+            )
+        found.append("lm_head")
+    if not found:
+        raise TinkerRequestError("lora_config selects no layer of this model to train")
+    return found
+
+
+class Tenant:
+    """One training run: `model_id`, weights (or adapter), optimizer and sampler snapshots."""
+
+    def __init__(
+        self,
+        model_id: str,
+        session_id: str,
+        lora: LoraConfig | None,
+        root: Path,
+        trainer: TrainerConfig,
+    ):
+        self.model_id = model_id
+        self.session_id = session_id
+        self.lora = lora
+        self.trainer = trainer
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "policies").mkdir(exist_ok=True)
+        self.store = PolicyStore(root)
+        self.model: Any = None
+        self.optimizer: torch.optim.AdamW | None = None
+
+    def build(self, base_dir: Path, device: torch.device) -> dict[str, Any]:
+        """Load the tenant's copy of the base weights (and its adapter); the create result."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        model = model.to(device).eval()  # no dropout: the sampler's distribution
+        if self.lora is not None:
+            from peft import LoraConfig as PeftLoraConfig
+            from peft import get_peft_model
+
+            config = PeftLoraConfig(
+                r=self.lora.rank,
+                lora_alpha=LORA_ALPHA,
+                lora_dropout=0.0,
+                target_modules=_lora_targets(model, self.lora),
+            )
+            with torch.random.fork_rng(devices=[]):
+                if self.lora.seed is not None:
+                    torch.manual_seed(self.lora.seed)
+                model = get_peft_model(model, config)
+        self.model = model
+        return {"model_id": self.model_id}
+
+    @property
+    def network(self) -> torch.nn.Module:
+        """The causal LM the loss runs on (peft injects its layers into it in place)."""
+        return self.model.base_model.model if self.lora is not None else self.model
+
+    def forward_backward(self, req: ForwardBackwardInput) -> bytes:
+        """Add the gradients of `req` (none when forward-only); the encoded output."""
+        result = tinker_loss(
+            self.network,
+            req.data,
+            req.loss_fn,
+            req.config,
+            backward=not req.forward_only,
+            max_head_rows=self.trainer.max_head_rows,
+            max_micro_tokens=self.trainer.max_micro_tokens,
+        )
+        if not math.isfinite(result.loss):
+            self.model.zero_grad(set_to_none=True)
+            raise TinkerRequestError(
+                f"the {req.loss_fn} loss is not finite ({result.loss}); the accumulated "
+                "gradients were discarded"
+            )
+        return encode_forward_backward(result.logprobs, {"loss:sum": result.loss})
+
+    def optim_step(self, p: AdamParams) -> dict[str, Any]:
+        """One AdamW step on the accumulated gradients, which are then cleared."""
+        params = [q for q in self.model.parameters() if q.requires_grad]
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(params, lr=p.learning_rate)
+        for group in self.optimizer.param_groups:
+            group.update(
+                lr=p.learning_rate,
+                betas=(p.beta1, p.beta2),
+                eps=p.eps,
+                weight_decay=p.weight_decay,
+            )
+        grads = [q.grad for q in params if q.grad is not None]
+        norm = (
+            float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+            if grads
+            else 0.0
+        )
+        if p.grad_clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, p.grad_clip_norm)
+        self.optimizer.step()
+        self.model.zero_grad(set_to_none=True)
+        return {"metrics": {"grad_norm:mean": norm, "learning_rate:mean": p.learning_rate}}
+
+    def snapshot(self, tokenizer: Any) -> Path:
+        """Publish the merged weights as the tenant's next immutable version; its directory."""
+        if self.lora is not None:
+            merged = copy.deepcopy(self.model).merge_and_unload()
+        else:
+            merged = self.model
+        ref = self.store.publish(merged, tokenizer)
+        log.info("%s: sampler snapshot %s", self.model_id, ref.uri)
+        return self.store.path(ref.version)
+
+    def close(self) -> None:
+        """Free the weights and optimizer state (published snapshots stay on disk)."""
+        self.model = None
+        self.optimizer = None

@@ -1,0 +1,76 @@
+"""Bad requests get Tinker-shaped 4xx answers, and the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+from tinker.proto import tinker_public_pb2 as pb
+
+TOKENS = [9707, 11, 1879, 0, 151644, 872]
+
+
+def datum(tokens: list[int], **inputs) -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], **inputs},
+    )
+
+
+@pytest.fixture
+def training(new_tenant):
+    return new_tenant()
+
+
+def _post(url: str, path: str, **kw) -> httpx.Response:
+    return httpx.post(f"{url}/api/v1/{path}", headers={"X-API-Key": "tml-local"}, timeout=30, **kw)
+
+
+def _raw_request(model_id: str, n_datums: int) -> bytes:
+    msg = pb.ForwardBackwardRequest(model_id=model_id, seq_id=10_000, loss_fn="cross_entropy")
+    for _ in range(n_datums):
+        d = msg.data.add()
+        d.model_input.add().encoded_text.tokens = np.array([1, 2], np.int32).tobytes()
+        t = d.loss_fn_inputs["target_tokens"]
+        t.dtype, t.dense = pb.DTYPE_INT64, np.array([2, 3], np.int64).tobytes()
+        t.shape.append(2)
+    return msg.SerializeToString()
+
+
+def test_refusals_through_the_sdk_name_the_problem(training):
+    with pytest.raises(tinker.BadRequestError, match="supported: cross_entropy"):
+        training.forward_backward([datum(TOKENS)], "cispo").result()
+    with pytest.raises(tinker.BadRequestError, match="outside the vocabulary"):
+        training.forward_backward([datum([*TOKENS, 10**6])], "cross_entropy").result()
+    nan = [float("nan")] * 5
+    with pytest.raises(tinker.BadRequestError, match="non-finite"):
+        training.forward([datum(TOKENS, logprobs=nan, advantages=[1.0] * 5)], "ppo").result()
+    with pytest.raises(tinker.NotFoundError, match="not supported by plies serve yet"):
+        training.save_state("ckpt").result()
+    # Each refused request consumed its seq_id: the client's next op still runs.
+    out = training.forward([datum(TOKENS)], "cross_entropy").result()
+    assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == 5
+
+
+def test_raw_bad_requests_get_4xx_with_a_detail(tinker_url, training, model_name):
+    cases = [
+        ("forward_backward", {"content": b"\xff\xff\xff not protobuf"}, 400),
+        ("forward_backward", {"content": _raw_request("no-such:train:0", 1)}, 404),
+        ("forward_backward", {"content": _raw_request(training.model_id, 1025)}, 400),
+        ("get_info", {"json": {"model_id": "no-such:train:0"}}, 404),
+        ("asample", {"json": {"sampling_session_id": "nope", "prompt": {}}}, 400),
+        ("optim_step", {"content": b"{not json"}, 400),
+        ("retrieve_future", {"json": {"request_id": "req-unknown"}}, 404),
+        ("load_weights", {"json": {}}, 404),
+    ]
+    for path, kw, status in cases:
+        r = _post(tinker_url, path, **kw)
+        assert r.status_code == status, (path, r.status_code, r.text)
+        assert r.json()["detail"], (path, r.text)
+    assert httpx.get(f"{tinker_url}/api/v1/healthz").json() == {"status": "ok"}
+    caps = httpx.get(f"{tinker_url}/api/v1/get_server_capabilities").json()
+    assert caps["supported_models"][0]["model_name"] == model_name
+    out = training.forward([datum(TOKENS)], "cross_entropy").result()
+    assert np.all(np.isfinite(out.loss_fn_outputs[0]["logprobs"].to_numpy()))

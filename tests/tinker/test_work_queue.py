@@ -1,0 +1,46 @@
+"""The per-model `seq_id` queue: in order, out-of-order arrivals held, gaps fail late ops."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from plies.server._tinker._futures import Futures, WorkQueue
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_ops_run_in_seq_order_and_repeats_get_the_same_request_id():
+    futures = Futures()
+    work = WorkQueue(futures, gap_seconds=5)
+    work.open("m")
+    ran: list[int] = []
+
+    def op(k: int):
+        return lambda: ran.append(k) or {"k": k}
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(work.run)
+        rids = {k: work.submit("m", k, f"d{k}", op(k)) for k in (2, 3, 1)}
+        assert work.submit("m", 2, "d2", op(2)) == rids[2]  # same body: the same future
+        with pytest.raises(Exception, match="already used"):
+            work.submit("m", 2, "other", op(2))
+        work.submit("m", 0, "d0", None)  # refused at submit: consumes seq 0 only
+        results = [await futures.wait(rids[k], 5) for k in (1, 2, 3)]
+        tg.cancel_scope.cancel()
+    assert ran == [1, 2, 3]
+    assert results == [{"k": 1}, {"k": 2}, {"k": 3}]
+
+
+async def test_a_seq_id_that_never_arrives_fails_the_ops_behind_it():
+    futures = Futures()
+    work = WorkQueue(futures, gap_seconds=0.2)
+    work.open("m", first_seq=1)
+    async with anyio.create_task_group() as tg:
+        await tg.start(work.run)
+        late = work.submit("m", 3, "d3", lambda: {"ok": True})
+        result = await futures.wait(late, 5)
+        after = work.submit("m", 4, "d4", lambda: {"ok": True})  # the queue moved on
+        assert await futures.wait(after, 5) == {"ok": True}
+        tg.cancel_scope.cancel()
+    assert "seq_id 1 of model m never arrived" in result["error"]
