@@ -30,6 +30,7 @@ OpenEnv's client runs on asyncio, so these envs need anyio's asyncio backend.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -53,6 +54,8 @@ __all__ = [
     "OpenEnvEnv",
     "action_tools",
 ]
+
+log = logging.getLogger("plies.environments")
 
 _SERVER_ERROR = re.compile(r"^Server error: (?P<message>.*) \(code: (?P<code>[A-Z_]+)\)$", re.S)
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -410,6 +413,7 @@ async def _close_client(client: GenericEnvClient, timeout_s: float) -> bool:
     with anyio.CancelScope(shield=True), anyio.move_on_after(timeout_s) as scope:
         try:
             await client.close()
-        except Exception:
+        except Exception as exc:
+            log.warning("closing an OpenEnv client failed: %r", exc)
             return False
     return not scope.cancelled_caught

@@ -11,8 +11,11 @@ no network and works the same for a subprocess or a command in a sandbox:
   harness -> agent `{"type": "result", "content", "done", "error"}`;
 - agent -> harness: `{"type": "done"}` (or simply exiting) ends the episode.
 
-The reward is the sum of the env's tool rewards. The agent runs in its own process group,
-killed (TERM, then KILL) on every path: done, crash, timeout, cancellation.
+The reward is the sum of the env's tool rewards, None when the agent called no tool. With
+a lease, the env's reset and every tool call run inside `lease.operation(...)`, so a
+cancelled episode waits (bounded) for them to settle and the env is quarantined when they
+do not. The agent runs in its own process group, killed (TERM, then KILL) on every path:
+done, crash, timeout, cancellation.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 import anyio
@@ -32,6 +36,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from plies import ConfigError, EnvError
 from plies.environments import Env, Task
 from plies.gateway import GatewayServer
+from plies.runtime import Lease
 from plies.trajectory import Status, Trajectory
 
 __all__ = ["DEFAULT_KILL_TIMEOUT", "DEFAULT_WALL_S", "GatewayHarness"]
@@ -82,17 +87,21 @@ class GatewayHarness:
         self.wall_s = wall_s
         self.kill_timeout = kill_timeout
 
-    async def run(self, env: Env, task: Task, *, group_id: str = "") -> Trajectory:
+    async def run(
+        self, env: Env, task: Task, *, group_id: str = "", lease: Lease[Any] | None = None
+    ) -> Trajectory:
         """Play one episode; returns the settled trajectory with its reward.
 
         A failing agent gives a `failed` trajectory (its stderr tail in `error`), an agent
         past `wall_s` a `truncated` one; the session is finished either way. If the caller
-        is cancelled, the agent is killed and the session dropped.
+        is cancelled, the agent is killed and the session dropped. `lease` is the lease
+        `env` was borrowed under: the env's remote calls run in its operations.
         """
         gateway = self.server.gateway
-        observation = await env.reset(task)
+        async with _operation(lease, "reset"):
+            observation = await env.reset(task)
         key = await gateway.create_session(task.id, group_id=group_id, info={"seed": task.seed})
-        episode = _Episode(env)
+        episode = _Episode(env, lease)
         status, error = Status.COMPLETED, None
         trajectory: Trajectory | None = None
         try:
@@ -182,9 +191,10 @@ class GatewayHarness:
 class _Episode:
     """The env side of the line protocol: runs the agent's tool calls, sums the rewards."""
 
-    def __init__(self, env: Env):
+    def __init__(self, env: Env, lease: Lease[Any] | None):
         self.env = env
-        self.reward = 0.0
+        self.lease = lease
+        self.reward: float | None = None
         self.calls = 0
 
     async def serve(self, process: Process) -> None:
@@ -206,9 +216,11 @@ class _Episode:
             if self.env.done:
                 answer = {"type": "result", "content": "the episode is over", "done": True}
             else:
-                result = await self.env.call_tool(request["name"], request.get("arguments"))
+                name = request["name"]
+                async with _operation(self.lease, f"tool:{name}"):
+                    result = await self.env.call_tool(name, request.get("arguments"))
                 self.calls += 1
-                self.reward += result.reward
+                self.reward = (self.reward or 0.0) + result.reward
                 answer = {
                     "type": "result",
                     "content": result.content,
@@ -216,6 +228,10 @@ class _Episode:
                     "error": result.error,
                 }
             await _send(process, answer)
+
+
+def _operation(lease: Lease[Any] | None, name: str) -> AbstractAsyncContextManager[Any]:
+    return lease.operation(name) if lease is not None else nullcontext()
 
 
 async def _send(process: Process, message: dict[str, Any]) -> None:

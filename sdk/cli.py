@@ -7,7 +7,7 @@ dependencies never slow another.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -177,12 +177,21 @@ def demo_blackjack(
     budget: Annotated[str, typer.Option(help="default (the full run), quick or smoke.")] = (
         "default"
     ),
-    env: Annotated[str, typer.Option(help="local (in process) or openenv (a server).")] = "local",
+    env: Annotated[
+        Literal["local", "openenv"], typer.Option(help="local (in process) or openenv (a server).")
+    ] = "local",
     sandbox: Annotated[
-        str, typer.Option(help="none, local or e2b: run each hand in its own sandbox.")
+        Literal["none", "local", "e2b"],
+        typer.Option(help="none, local or e2b: run each hand in its own sandbox."),
     ] = "none",
 ) -> None:
     """Warm-start the tiny model, then train it at Blackjack with GRPO (Ctrl-C, then resume)."""
+    from ._exceptions import ConfigError
     from .recipes.blackjack import main
 
-    raise typer.Exit(main(out, budget=budget, env=env, sandbox=sandbox))  # type: ignore[arg-type]
+    try:
+        code = main(out, budget=budget, env=env, sandbox=sandbox)
+    except ConfigError as err:
+        typer.echo(f"plies demo: {err}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)

@@ -111,7 +111,10 @@ def settle_episode(
 ) -> Trajectory:
     """The episode's final record: its status, ids, error and quarantined leases.
 
-    - it returned `result`: its own status, `completed` when it set none;
+    - it returned `result`: its own status, `completed` when it set none; but `quarantined`
+      when an operation on one of its leases did not settle, since what that operation did
+      is unknown (a harness that caught a wall-clock cut still returns a trajectory). A
+      lease quarantined only because its teardown failed leaves the record as it is;
     - it raised `error`: `failed`, with the error's type and message;
     - it was cancelled: `quarantined` if one of its leases was, else `cancelled`.
 
@@ -126,7 +129,8 @@ def settle_episode(
     if traj.group_id != ctx.group_id:
         updates["group_id"] = ctx.group_id
     if result is not None:
-        status = traj.status or Status.COMPLETED
+        unsettled = any(lease.unsettled for lease in quarantined)
+        status = Status.QUARANTINED if unsettled else traj.status or Status.COMPLETED
     elif error is not None:
         status = Status.FAILED
         kind = type(error)

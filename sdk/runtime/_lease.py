@@ -51,6 +51,8 @@ class Lease(Generic[T]):
         also_held: further remote things the resource held, read at quarantine.
         state: a `LeaseState`.
         reason: why it was quarantined, when it was.
+        unsettled: an operation on it was cut off before it settled, so what that operation
+            did, and what a record made meanwhile claims about it, is unknown.
     """
 
     __slots__ = (
@@ -63,6 +65,7 @@ class Lease(Generic[T]):
         "remote_id",
         "resource",
         "state",
+        "unsettled",
     )
 
     def __init__(
@@ -76,6 +79,7 @@ class Lease(Generic[T]):
         self.also_held: list[RemoteRef] = []
         self.state = LeaseState.BORROWED
         self.reason: str | None = None
+        self.unsettled = False
         self._ops: list[Settling] = []
 
     def __repr__(self) -> str:
@@ -115,6 +119,8 @@ class Lease(Generic[T]):
                 yield
         finally:
             self._ops.remove(op)
+            if op.state is SettlingState.UNSETTLED:
+                self.unsettled = True
             if op.state is SettlingState.UNSETTLED and self.reason is None:
                 self.reason = f"operation {name!r} did not settle"
                 if op.timeout is not None:

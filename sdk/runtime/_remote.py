@@ -8,12 +8,15 @@ it re-exported from `plies.environments`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["HoldsRemote", "RemoteRef", "locate"]
+
+log = logging.getLogger("plies.runtime")
 
 
 class RemoteRef(BaseModel):
@@ -63,7 +66,8 @@ def locate(
             rid = _attribute_remote_id(resource)
         kind = refs[0].kind if refs else getattr(resource, "remote_kind", None)
         return rid, kind or default_kind, refs[1:]
-    except Exception:
+    except Exception as exc:
+        log.warning("could not read the remote id of %s: %r", type(resource).__name__, exc)
         return None, default_kind, []
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .._durable import write_atomic
 from .._exceptions import ConfigError
@@ -83,9 +83,15 @@ def read_report(path: Path) -> QuarantineReport:
     path = Path(path)
     try:
         text = path.read_text()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read quarantine report {path}: {exc}") from exc
     try:
         return QuarantineReport.model_validate_json(text)
-    except ValueError as exc:
-        raise ConfigError(f"{path} is not a plies quarantine report: {exc}") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(
+            f"{path} is not a plies quarantine report: {where + ': ' if where else ''}"
+            f"{first['msg']}{more}"
+        ) from exc

@@ -14,12 +14,14 @@ step 2 (or one step past where the run is): a grace period is too short to drain
 enough for operations to settle and for the report to be written.
 
 Each step prints one line on stderr. An interrupted run exits with 130 (143 after a
-SIGTERM) and no traceback. When `run` returns, both signals are ignored: it is meant to wrap
-a script's whole main, and a signal while the process exits has nothing left to stop.
+SIGTERM) and no traceback. When `run` returns, the handlers it found are back, so a notebook
+or a two-phase script can be interrupted again; once the process starts to exit, both signals
+are ignored, since a signal then has nothing left to stop.
 """
 
 from __future__ import annotations
 
+import atexit
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -138,6 +140,8 @@ def run(
             raise SystemExit(plies.runtime.run(main))
     """
     interrupts = Interrupts(stream=stream)
+    previous = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    _ignore_signals_at_exit()
 
     async def wrapper() -> None:
         async with anyio.create_task_group() as tg:
@@ -159,16 +163,33 @@ def run(
         interrupts.count += 1
         interrupts._say("interrupted while starting")
     finally:
-        # The process is about to exit. Interpreter shutdown resets Python-level handlers
-        # to the default, which would let a late signal kill it with -SIGINT instead of 130.
-        for signum in _SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
+        for signum, handler in previous.items():
+            # None: installed outside Python; the default is the closest we can put back.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
     if interrupts.terminated:
         return EXIT_TERMINATED
     return EXIT_INTERRUPTED if interrupts.count else 0
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_exit_hooked = False
+
+
+def _ignore_signals_at_exit() -> None:
+    """From the interpreter's exit on, ignore both signals (registered once per process).
+
+    Interpreter shutdown resets Python-level handlers to the default, which would let a
+    signal sent while a script exits with 130 kill it with -SIGINT instead.
+    """
+    global _exit_hooked
+    if not _exit_hooked:
+        _exit_hooked = True
+        atexit.register(_ignore_signals)
+
+
+def _ignore_signals() -> None:
+    for signum in _SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _late_signal(interrupts: Interrupts, signum: int) -> None:
@@ -188,6 +209,6 @@ async def _started(interrupts: Interrupts, *, task_status: Any = anyio.TASK_STAT
                     interrupts.interrupt()
     finally:
         # Closing the receiver restores the default handlers (KeyboardInterrupt anywhere,
-        # or death by SIGTERM); from here to the process's end a signal has nothing to stop.
+        # or death by SIGTERM); from here until `run` returns a signal has nothing to stop.
         for signum in _SIGNALS:
             signal.signal(signum, lambda n, _: _late_signal(interrupts, n))

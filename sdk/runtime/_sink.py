@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
+from .._exceptions import TrajectoryError
 from .._lifecycle import Lifecycle
 from ..trajectory import Group
 
@@ -164,7 +165,7 @@ def read_jsonl(path: Path | str, model: type[M] | None = None) -> JsonlRead[Any]
             if not raw.strip():
                 raise ValueError("empty line")
             records.append(_parse(raw, model))
-        except (ValueError, ValidationError) as exc:
+        except (ValueError, ValidationError, TrajectoryError) as exc:  # a record's own checks
             malformed.append(
                 MalformedLine(
                     line=number,

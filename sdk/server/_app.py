@@ -27,7 +27,7 @@ __all__ = ["create_app"]
 log = logging.getLogger("plies.server")
 
 
-def _tinker_service(config: ServerConfig) -> Any:
+def _tinker_service(config: ServerConfig, faults: Faults | None) -> Any:
     """The Tinker API service, or None when the `tinker` SDK (its protobuf module) is absent."""
     try:
         from ._tinker import TinkerService
@@ -36,7 +36,7 @@ def _tinker_service(config: ServerConfig) -> Any:
             raise
         log.info("the tinker package is not installed: no Tinker API (pip install 'plies[tinker]')")
         return None
-    return TinkerService(config)
+    return TinkerService(config, faults)
 
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
@@ -86,7 +86,7 @@ def create_app(config: ServerConfig, *, test_faults: bool = False) -> FastAPI:
     faults = Faults() if test_faults else None
     app.include_router(sampling_router())
     app.include_router(training_router(faults))
-    tinker = _tinker_service(config)
+    tinker = _tinker_service(config, faults)
     if tinker is not None:
         from ._tinker import tinker_router
 

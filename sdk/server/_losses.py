@@ -16,7 +16,12 @@ from .._exceptions import ConfigError
 from ..wire.training import LossName, TrainingBatch
 from ._sampling import processed_logprobs
 
-__all__ = ["batch_loss", "micro_batches"]
+__all__ = ["MAX_LOG_RATIO", "batch_loss", "micro_batches"]
+
+MAX_LOG_RATIO = 20.0
+"""Log-ratios are clamped to +-20 before `exp`: a ratio of e^20 already says the token is far
+off-policy, and a larger one overflows float32 into an infinite loss and NaN gradients.
+Clamped tokens get no gradient through the ratio, which is what such a token deserves."""
 
 
 @dataclass
@@ -66,7 +71,8 @@ def batch_loss(
 
     The loss is the sum of per-token losses over masked tokens divided by their count, so a
     batch split into micro-batches gives the same gradient as one pass. Per token, with
-    `r = exp(logprob - sampler_logprob)` and advantage `A`:
+    `r = exp(clamp(logprob - sampler_logprob, -MAX_LOG_RATIO, MAX_LOG_RATIO))` and
+    advantage `A`:
 
     - importance_sampling: `-r * A`
     - ppo: `-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)`
@@ -142,7 +148,7 @@ def _per_token_loss(
 ) -> torch.Tensor:
     if spec.name == "cross_entropy":
         return -lp
-    ratio = torch.exp(lp - q)
+    ratio = _ratio(lp - q)
     if spec.name == "importance_sampling":
         return -ratio * a
     if spec.name == "ppo":
@@ -151,11 +157,15 @@ def _per_token_loss(
     raise ConfigError(f"unknown loss {spec.name!r}")
 
 
+def _ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    return torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+
+
 def _ratio_metrics(
     spec: _Loss, lp: torch.Tensor, q: torch.Tensor, a: torch.Tensor
 ) -> dict[str, float]:
     diff = lp - q
-    ratio = diff.exp()
+    ratio = _ratio(diff)
     finite = torch.isfinite(diff)
     k3 = (ratio - 1.0 - diff)[finite]
     out = {

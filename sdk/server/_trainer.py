@@ -6,7 +6,10 @@ generation bumped each time the trainer opens. Gradients live only in memory, so
 forward_backward journaled in an earlier generation and not consumed by an optim_step is
 `lost`, and an optim_step steps only when the gradients it holds are exactly the ops the
 client names. A step is never taken on partial gradients, and a lost one is never reported
-as applied. The losses themselves are in `_losses.py`.
+as applied. Nor is a step taken on numbers that are not finite: each forward_backward's loss
+and gradients are checked on their own before they join the pending ones, and an optim_step
+whose gradient norm is not finite leaves the weights as they were. The losses themselves are
+in `_losses.py`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,13 +36,18 @@ from ._journal import Checkpoints, Journal, bump_generation
 from ._losses import batch_loss
 from ._policies import PolicyStore
 
-__all__ = ["OpConflict", "Trainer", "TrainerBroken"]
+__all__ = ["NonFiniteLoss", "OpConflict", "Trainer", "TrainerBroken"]
 
 log = logging.getLogger(__name__)
 
 
 class OpConflict(ConfigError):
     """An op id was sent again with a different request; ids must name one request."""
+
+
+class NonFiniteLoss(ConfigError):
+    """A forward_backward's loss or gradients are not finite: it was refused, and the pending
+    gradients of the other ops are kept as they were."""
 
 
 class TrainerBroken(TrainingError):
@@ -172,6 +181,7 @@ class Trainer:
                 if bad:
                     raise ConfigError(f"datum {k}: token id {bad[0]} >= vocabulary size {vocab}")
             self._reach("before_apply")
+            held = self._set_aside_gradients()
             try:
                 metrics = batch_loss(
                     self.model,
@@ -182,6 +192,15 @@ class Trainer:
                     max_head_rows=self.config.max_head_rows,
                     max_micro_tokens=self.config.max_micro_tokens,
                 )
+                if not (math.isfinite(metrics["loss"]) and self._gradients_finite()):
+                    self._restore_gradients(held)
+                    raise NonFiniteLoss(
+                        f"forward_backward {req.op_id}: the loss ({metrics['loss']}) or its "
+                        "gradients are not finite; nothing was accumulated and the pending "
+                        "gradients are kept. Check the batch's logprobs, advantages and "
+                        "sampling parameters"
+                    )
+                self._add_gradients(held)
                 result = wire.ForwardBackwardResult(
                     op_id=req.op_id, generation=self.generation, step=self.step, metrics=metrics
                 )
@@ -197,6 +216,8 @@ class Trainer:
                         "result": result.model_dump(mode="json"),
                     }
                 )
+            except NonFiniteLoss:
+                raise
             except Exception as exc:
                 # Gradients may be partly added: the whole window is no longer trustworthy.
                 lost = self._discard_gradients()
@@ -212,7 +233,8 @@ class Trainer:
         """One AdamW step on exactly the gradients of `req.forward_backward_ops`.
 
         Raises:
-            TrainingGradientsLost: the held gradients are not exactly those ops (all discarded).
+            TrainingGradientsLost: the held gradients are not exactly those ops, or their norm
+                is not finite (all discarded, the weights untouched).
             ConfigError: no gradients are accumulated and none are named.
         """
         with self._begin(req.op_id):
@@ -328,6 +350,33 @@ class Trainer:
             return wire.OpStatus.PENDING
         return wire.OpStatus.LOST
 
+    def _set_aside_gradients(self) -> list[torch.Tensor | None]:
+        """Take the pending gradients off the parameters, so one op's can be checked alone."""
+        held = []
+        for q in self.model.parameters():
+            held.append(q.grad)
+            q.grad = None
+        return held
+
+    def _gradients_finite(self) -> bool:
+        grads = [q.grad for q in self.model.parameters() if q.grad is not None]
+        flags = [torch.isfinite(g).all() for g in grads]
+        return bool(torch.stack(flags).all()) if flags else True
+
+    def _restore_gradients(self, held: list[torch.Tensor | None]) -> None:
+        for q, g in zip(self.model.parameters(), held, strict=True):
+            q.grad = g
+
+    def _add_gradients(self, held: list[torch.Tensor | None]) -> None:
+        """Put the set-aside gradients back, summed with the ones on the parameters now."""
+        for q, g in zip(self.model.parameters(), held, strict=True):
+            if g is None:
+                continue
+            if q.grad is None:
+                q.grad = g
+            else:
+                q.grad.add_(g)
+
     def _discard_gradients(self) -> list[str]:
         lost = list(self._pending)
         self.model.zero_grad(set_to_none=True)
@@ -345,6 +394,13 @@ class Trainer:
             group.update(lr=p.lr, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay)
         norms = [torch.linalg.vector_norm(q.grad) for q in params if q.grad is not None]
         norm = float(torch.linalg.vector_norm(torch.stack(norms)))
+        if not math.isfinite(norm):
+            held = self._discard_gradients()
+            raise TrainingGradientsLost(
+                f"optim_step {req.op_id}: the gradient norm of {held} is {norm}; nothing was "
+                "stepped, the weights are unchanged and these gradients were discarded",
+                op_ids=held,
+            )
         if p.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
         self.optimizer.step()

@@ -9,6 +9,7 @@ known response template is a `ConfigError`.
 
 from __future__ import annotations
 
+import logging
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from .._exceptions import ConfigError
 from ._template import chat_template_text, template_hash
 
 __all__ = ["ParsedResponse", "ResponseParser"]
+
+log = logging.getLogger("plies.tokens")
 
 _PREFIX_TOKENS = 64
 """How many trailing prompt tokens the parser sees: enough for any generation prompt and prefill,
@@ -244,7 +247,8 @@ def _generation_prompt(tokenizer: Any, text: str, kwargs: dict[str, Any]) -> str
             add_generation_prompt=True,
             **kwargs,
         )
-    except Exception:  # an unrenderable template only loses the prefill hint
+    except Exception as exc:  # an unrenderable template only loses the prefill hint
+        log.debug("the chat template cannot render a generation prompt: %r", exc)
         return ""
 
 

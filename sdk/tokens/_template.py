@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from .._exceptions import ConfigError, TokenizationError
 
 __all__ = ["Template", "chat_template_text", "template_hash"]
+
+log = logging.getLogger("plies.tokens")
 
 
 def chat_template_text(tokenizer: Any, tools: Sequence[Any] | None = None) -> str:
@@ -114,5 +117,6 @@ class Template:
                 tokenize=False,
                 **self.kwargs,
             )
-        except Exception:  # discovery tolerates any template failure and reports it elsewhere
+        except Exception as exc:  # discovery tolerates any template failure, reports it elsewhere
+            log.debug("chat template key %s refused a discovery render: %r", self.key[:12], exc)
             return None

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._exceptions import ConfigError, TrajectoryError
 from ..trajectory import Group, PolicyRef, Status, Trajectory
+from ..wire.training import MIN_LOGPROB
 
 __all__ = ["GroupSelection", "Refusal", "RefusalReason", "Truncated", "training_groups"]
 
@@ -52,7 +53,9 @@ class RefusalReason(StrEnum):
     STALE = "stale"
     """The group's policy is too many versions behind the current one (or ahead of it)."""
     MISALIGNED = "misaligned"
-    """Tokens, masks and logprobs do not line up, so segments cannot be built."""
+    """Tokens, masks and logprobs do not line up, so segments cannot be built, or a sampled
+    token's logprob is not one a sampler could have produced (positive, non-finite, or below
+    `MIN_LOGPROB`)."""
     EMPTY = "empty"
     """A member has no sampled token to train on."""
 
@@ -216,4 +219,9 @@ def _alignment(traj: Trajectory, vocab_size: int | None) -> str | None:
                 return f"segment {s} position {i}: token id {tok} outside the vocabulary"
             if m and lp > 1e-6:
                 return f"segment {s} position {i}: logprob {lp} > 0 is not a log probability"
+            if m and not lp >= MIN_LOGPROB:  # NaN fails too
+                return (
+                    f"segment {s} position {i}: sampler logprob {lp} is not finite or below "
+                    f"{MIN_LOGPROB}; no sampler picks such a token"
+                )
     return None

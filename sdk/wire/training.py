@@ -14,12 +14,14 @@ import re
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .._exceptions import ConfigError
 from ..trajectory import PolicyRef, Segment
 
 __all__ = [
+    "MAX_ABS_ADVANTAGE",
+    "MIN_LOGPROB",
     "OP_ID_PATTERN",
     "AdamParams",
     "Datum",
@@ -45,6 +47,14 @@ LossName = Literal["importance_sampling", "ppo", "cross_entropy"]
 
 OP_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 """Op ids are file- and URL-safe, so the journal and `GET /ops/{op_id}` need no escaping."""
+
+MIN_LOGPROB = -100.0
+"""The lowest sampler logprob a datum may carry. float32 sampling cannot pick a token less
+likely than about e^-103, so anything lower is a placeholder or a bug, and its ratio would
+overflow float32."""
+MAX_ABS_ADVANTAGE = 1e6
+"""The largest advantage magnitude: far beyond any normalised or reward-scale advantage, and
+small enough that ratio * advantage summed over a batch stays finite in float32."""
 
 
 class Datum(BaseModel):
@@ -89,9 +99,15 @@ class Datum(BaseModel):
             raise ValueError("the first token cannot be masked: no position predicts it")
         if not any(self.mask):
             raise ValueError("the datum has no masked token, so it carries no loss")
-        for i, m in enumerate(self.mask):
-            if m and not (math.isfinite(self.logprobs[i]) and math.isfinite(self.advantages[i])):
-                raise ValueError(f"non-finite logprob or advantage at masked position {i}")
+        for i, (lp, adv) in enumerate(zip(self.logprobs, self.advantages, strict=True)):
+            if not (math.isfinite(lp) and math.isfinite(adv)):
+                raise ValueError(f"non-finite logprob {lp} or advantage {adv} at position {i}")
+            if self.mask[i] and lp < MIN_LOGPROB:
+                raise ValueError(f"sampler logprob {lp} at position {i} is below {MIN_LOGPROB}")
+            if abs(adv) > MAX_ABS_ADVANTAGE:
+                raise ValueError(
+                    f"advantage {adv} at position {i} exceeds {MAX_ABS_ADVANTAGE:g} in magnitude"
+                )
         return self
 
 
@@ -103,10 +119,15 @@ class TrainingBatch(BaseModel):
     convention, so ratios start at exactly 1 for on-policy data.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     data: list[Datum] = Field(min_length=1)
-    temperature: float = Field(default=1.0, gt=0.0)
+    temperature: float = Field(
+        default=1.0,
+        ge=1e-3,
+        le=1e3,
+        description="As sampled; below 1e-3 the processed logits overflow float32.",
+    )
     top_k: int = Field(default=-1, description="As sampled; -1 or 0 disables it.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="As sampled; 1 disables it.")
 
@@ -118,7 +139,7 @@ class TrainingBatch(BaseModel):
 class AdamParams(BaseModel):
     """AdamW settings for one `optim_step`; they may change from step to step."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     lr: float = Field(gt=0.0)
     beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
@@ -129,7 +150,7 @@ class AdamParams(BaseModel):
 
 
 class _Op(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     op_id: str = Field(pattern=OP_ID_PATTERN)
 
@@ -140,7 +161,13 @@ class ForwardBackwardRequest(_Op):
     batch: TrainingBatch
     loss: LossName = "importance_sampling"
     clip_low: float = Field(default=0.2, ge=0.0, lt=1.0, description="PPO: ratio >= 1 - low.")
-    clip_high: float = Field(default=0.2, ge=0.0, description="PPO: ratio <= 1 + high.")
+    clip_high: float = Field(default=0.2, ge=0.0, le=1e3, description="PPO: ratio <= 1 + high.")
+
+
+def _finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Leave out metrics that are not numbers: JSON has no NaN, and a `null` would make the
+    client lose track of an op the trainer applied."""
+    return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
 
 class ForwardBackwardResult(BaseModel):
@@ -149,7 +176,9 @@ class ForwardBackwardResult(BaseModel):
     op_id: str
     generation: int = Field(description="The trainer process lifetime that holds the gradients.")
     step: int = Field(description="Optimizer steps applied before this call.")
-    metrics: dict[str, float]
+    metrics: dict[str, float] = Field(description="Finite metrics; undefined ones are left out.")
+
+    _finite = field_validator("metrics")(_finite_metrics)
 
 
 class OptimStepRequest(_Op):
@@ -169,7 +198,9 @@ class OptimStepResult(BaseModel):
 
     op_id: str
     step: int = Field(description="Optimizer steps applied, this one included.")
-    metrics: dict[str, float]
+    metrics: dict[str, float] = Field(description="Finite metrics; undefined ones are left out.")
+
+    _finite = field_validator("metrics")(_finite_metrics)
 
 
 class SavePolicyRequest(_Op):

@@ -12,6 +12,7 @@ from test_gateway_http import assert_recorded_exactly, call_ids
 from plies import Status
 from plies.environments import BlackjackEnv, Task
 from plies.harness import GatewayHarness
+from plies.runtime import EnvPool, RolloutResources
 
 pytestmark = pytest.mark.anyio
 
@@ -99,4 +100,40 @@ async def test_failing_agents_settle_and_are_killed(
         assert stack.gateway.open_sessions == 0
     assert trajectory.status is status
     assert error in trajectory.error
-    assert trajectory.turns == []
+    assert trajectory.turns == [] and trajectory.reward is None  # no tool call, no reward
+
+
+class Watched(BlackjackEnv):
+    """Records which operations its lease had in flight at each remote call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lease = None
+        self.seen: list[tuple[str, ...]] = []
+
+    async def reset(self, task):
+        self.seen.append(self.lease.in_flight)
+        return await super().reset(task)
+
+    async def call_tool(self, name, arguments):
+        self.seen.append(self.lease.in_flight)
+        return await super().call_tool(name, arguments)
+
+
+async def test_reset_and_tool_calls_run_inside_the_lease_s_operations(
+    policy_server, qwen3_tokenizer
+):
+    async def make() -> Watched:
+        return Watched()
+
+    async with gateway_stack(policy_server, qwen3_tokenizer) as stack:
+        stack.engine.queue(call_ids(qwen3_tokenizer, "stand", "{}"))
+        harness = GatewayHarness(stack.server, AGENT, wall_s=60)
+        pool = EnvPool(make)
+        async with RolloutResources(pools=[pool]), pool.borrow() as lease:
+            env = lease.resource
+            env.lease = lease
+            trajectory = await harness.run(env, Task(id="hand-7", seed=7), lease=lease)
+    assert trajectory.status is Status.COMPLETED and trajectory.info["tool_calls"] == 1
+    assert env.seen == [("reset",), ("tool:stand",)]
+    assert trajectory.reward is not None

@@ -9,7 +9,7 @@ import pytest
 from anyio import WouldBlock
 from rich.console import Console
 
-from plies import AdmissionClosed, ConfigError, PolicyRef, Status, Trajectory
+from plies import AdmissionClosed, ConfigError, Group, PolicyRef, Status, Trajectory, Turn
 from plies.runtime import (
     EnvPool,
     GroupSpec,
@@ -113,6 +113,25 @@ def test_sink_ends_a_torn_tail_and_the_reader_reports_every_bad_line(tmp_path):
     path.write_bytes(b'{"id": "x", "tas')
     (torn,) = read_groups(path).malformed
     assert torn.torn and torn.offset == 0
+
+
+def test_a_record_whose_turn_lengths_disagree_is_a_malformed_line(tmp_path):
+    """`TrajectoryError` is not a `ValueError`: the reader still reports it per line."""
+    traj = Trajectory(task_id="t", group_id="g")
+    traj.turns.append(
+        Turn(prompt_ids=[1, 2], completion_ids=[3, 4], logprobs=[-0.1, -0.2],
+             finish_reason="stop", policy=REF)
+    )  # fmt: skip
+    traj.settle(Status.COMPLETED, reward=1.0)
+    good = Group(id="g", task_id="t", size=1, policy=REF, trajectories=[traj]).model_dump_json()
+    bad = good.replace("[-0.1,-0.2]", "[-0.1]")
+    assert bad != good
+    path = tmp_path / "g.jsonl"
+    path.write_text(f"{good}\n{bad}\n{good}\n")
+    read = read_groups(path)
+    assert len(read.records) == 2
+    [line] = read.malformed
+    assert line.line == 2 and "2 completion ids but 1 logprobs" in line.error
 
 
 @pytest.mark.anyio

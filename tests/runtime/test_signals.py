@@ -238,3 +238,40 @@ def test_resume_continues_the_same_files(tmp_path, policy_url):
     finally:
         for pid in first.pids("spawn"):
             kill_group(pid)
+
+
+AFTER_RUN = """
+import os, signal, sys
+from plies.runtime import run
+
+def on_term(signum, frame):
+    print("own SIGTERM handler", flush=True)
+
+signal.signal(signal.SIGTERM, on_term)
+
+async def main(interrupts):
+    pass
+
+for phase in (1, 2):
+    assert run(main) == 0
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next line
+        print(f"phase {phase}: SIGINT ignored", flush=True)
+    except KeyboardInterrupt:
+        print(f"phase {phase}: KeyboardInterrupt", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_signals_work_again_after_run_returns():
+    """A two-phase script: Ctrl-C raises KeyboardInterrupt after each `run`, and a SIGTERM
+    handler installed before it is back."""
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_RUN], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "phase 1: KeyboardInterrupt",
+        "phase 2: KeyboardInterrupt",
+        "own SIGTERM handler",
+    ]

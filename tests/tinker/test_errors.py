@@ -47,8 +47,8 @@ def test_refusals_through_the_sdk_name_the_problem(training):
     nan = [float("nan")] * 5
     with pytest.raises(tinker.BadRequestError, match="non-finite"):
         training.forward([datum(TOKENS, logprobs=nan, advantages=[1.0] * 5)], "ppo").result()
-    with pytest.raises(tinker.NotFoundError, match="not supported by plies serve yet"):
-        training.save_state("ckpt").result()
+    with pytest.raises(tinker.BadRequestError, match="checkpoint name"):
+        training.save_state("../ckpt").result()
     # Each refused request consumed its seq_id: the client's next op still runs.
     out = training.forward([datum(TOKENS)], "cross_entropy").result()
     assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == 5
@@ -63,7 +63,8 @@ def test_raw_bad_requests_get_4xx_with_a_detail(tinker_url, training, model_name
         ("asample", {"json": {"sampling_session_id": "nope", "prompt": {}}}, 400),
         ("optim_step", {"content": b"{not json"}, 400),
         ("retrieve_future", {"json": {"request_id": "req-unknown"}}, 404),
-        ("load_weights", {"json": {}}, 404),
+        ("load_weights", {"json": {}}, 400),
+        ("save_weights_external", {"json": {}}, 404),
     ]
     for path, kw, status in cases:
         r = _post(tinker_url, path, **kw)
@@ -74,3 +75,24 @@ def test_raw_bad_requests_get_4xx_with_a_detail(tinker_url, training, model_name
     assert caps["supported_models"][0]["model_name"] == model_name
     out = training.forward([datum(TOKENS)], "cross_entropy").result()
     assert np.all(np.isfinite(out.loss_fn_outputs[0]["logprobs"].to_numpy()))
+
+
+def test_optim_step_never_steps_on_a_non_finite_loss_or_gradient_norm(training):
+    data = [datum(TOKENS, weights=[1.0] * 5)]
+    before = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    adam = types.AdamParams(learning_rate=1e-2)
+    overflowing = [datum(TOKENS, weights=[3e38] * 5)]  # finite inputs, an infinite loss
+    with pytest.raises(tinker.RequestFailedError, match="loss is not finite"):
+        training.forward_backward(overflowing, "cross_entropy").result()
+    with pytest.raises(tinker.RequestFailedError, match="optim_step refused: a forward_backward"):
+        training.optim_step(adam).result()
+    huge = [datum(TOKENS, weights=[1e30] * 5)]  # a finite loss, an infinite gradient norm
+    assert np.isfinite(
+        training.forward_backward(huge, "cross_entropy").result().metrics["loss:sum"]
+    )
+    with pytest.raises(tinker.RequestFailedError, match="gradient norm is not finite"):
+        training.optim_step(adam).result()
+    assert training.forward(data, "cross_entropy").result().metrics["loss:sum"] == before
+    training.forward_backward(data, "cross_entropy").result()
+    training.optim_step(adam).result()  # the next finite step runs, on its own gradients only
+    assert training.forward(data, "cross_entropy").result().metrics["loss:sum"] < before

@@ -141,6 +141,14 @@ def test_misaligned_segments_are_refused():
     assert "token id 5 outside the vocabulary" in out_of_vocab.detail
 
 
+@pytest.mark.parametrize("lp", [-200.0, -1e39, math.nan, -math.inf])
+def test_sampler_logprobs_no_sampler_could_produce_are_refused(lp):
+    poisoned = member("g", 1.0)
+    poisoned.turns[0].logprobs[1] = lp  # as a corrupted source or a buggy engine could
+    why, detail = reason(check(group("g", members=[member("g", 0.0), poisoned])))
+    assert why is RefusalReason.MISALIGNED and "logprob" in detail
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf, None])
 def test_non_finite_rewards_are_refused(bad):
     why, detail = reason(check(group("g", rewards=(1.0, bad))))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from plies import ConfigError
 
@@ -84,20 +84,36 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
 )  # fmt: skip
 
 
+EnvName = Literal["local", "openenv"]
+SandboxName = Literal["none", "local", "e2b"]
+
+
 @dataclass(frozen=True, slots=True)
 class DemoConfig:
-    """One run: where it lives, its budget, and which Blackjack it plays."""
+    """One run: where it lives, its budget, and which Blackjack it plays.
+
+    Every option is checked here, before any work, so a misspelt one is one line of error
+    rather than a run that trains something else.
+    """
 
     out: Path
     budget: str = "default"
-    env: Literal["local", "openenv"] = "local"
-    sandbox: Literal["none", "local", "e2b"] = "none"
+    env: EnvName = "local"
+    sandbox: SandboxName = "none"
 
     def __post_init__(self) -> None:
         if self.budget not in BUDGETS:
             raise ConfigError(f"unknown budget {self.budget!r}; known: {', '.join(BUDGETS)}")
+        for option, value, known in (
+            ("env", self.env, get_args(EnvName)),
+            ("sandbox", self.sandbox, get_args(SandboxName)),
+        ):
+            if value not in known:
+                raise ConfigError(f"unknown --{option} {value!r}; known: {', '.join(known)}")
         if self.env == "openenv" and self.sandbox != "none":
             raise ConfigError("--env openenv and --sandbox are alternatives; pick one")
+        if self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"--out {self.out} is a file; name a run directory")
 
     def key(self) -> dict[str, Any]:
         """What must match for a run directory to be resumed."""

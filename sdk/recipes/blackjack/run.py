@@ -8,13 +8,13 @@ resumed run reads the log back to continue from the last published policy.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
 import anyio
 from anyio.abc import Process
@@ -37,7 +37,7 @@ from plies.testing import ServerProcess, plies_command, serve_process, tiny_mode
 from plies.tokens import ChatRenderer
 from plies.training import TrainingClient
 
-from .config import BUDGETS, TEMPLATE_KWARGS, DemoConfig
+from .config import BUDGETS, TEMPLATE_KWARGS, DemoConfig, EnvName, SandboxName
 from .evaluation import evaluate
 from .grpo import grpo
 from .report import write_summary
@@ -72,15 +72,19 @@ def main(
     out: Path,
     *,
     budget: str = "default",
-    env: Literal["local", "openenv"] = "local",
-    sandbox: Literal["none", "local", "e2b"] = "none",
+    env: EnvName = "local",
+    sandbox: SandboxName = "none",
 ) -> int:
     """Run (or resume) the job in `out`; return the exit code (130 after Ctrl-C).
 
     Raises:
-        ConfigError: unknown budget, conflicting options, or `out` holds a different run.
+        ConfigError: unknown or conflicting options, `out` is a file or holds a different
+            run, or `--sandbox e2b` without `E2B_API_KEY`; all before any work.
     """
     config = DemoConfig(out=Path(out), budget=budget, env=env, sandbox=sandbox)
+    if config.sandbox == "e2b" and not os.environ.get("E2B_API_KEY"):
+        # Without it the warm start would run and then every hand fail.
+        raise ConfigError("--sandbox e2b needs E2B_API_KEY in the environment")
     return run(lambda interrupts: _job(config, interrupts))
 
 

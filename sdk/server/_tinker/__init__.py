@@ -4,7 +4,10 @@ Layout: `_routes.py` (the `/api/v1/` routes), `_service.py` (sessions, tenants, 
 sessions), `_futures.py` (futures and the per-model `seq_id` queue), `_tenants.py` (weights,
 LoRA adapter and optimizer per `create_model`), `_losses.py` (Tinker's summed losses),
 `_proto.py` (the SDK's protobuf messages), `_samplers.py` (sampling on the shared engine),
-`_schemas.py` (JSON bodies), `_errors.py` (Tinker's error shape). See docs/tinker.md.
+`_checkpoints.py` (runs and `save_weights` checkpoints on disk), `_training_runs.py` (their
+REST views), `_oplog.py` (each tenant's op journal and state, for exactly-once),
+`_recovery.py` (restart), `_schemas.py` (JSON bodies), `_errors.py` (Tinker's error shape).
+See docs/tinker.md.
 
 It needs the `tinker` package (`pip install 'plies[tinker]'`) for the SDK's generated
 protobuf module; without it the server runs with the native routes only.

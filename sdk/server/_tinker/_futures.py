@@ -8,7 +8,8 @@ on. One worker drains all queues, taking the models with a runnable op in turn
 submit still consumes its `seq_id` (the SDK moves on to the next one). A `seq_id` that has
 not arrived after `gap_seconds` while later ones wait fails those later ones.
 
-Futures live in memory (a restart loses them) and the newest `KEEP_FUTURES` are kept.
+Futures live in memory, the newest `KEEP_FUTURES` of them; the tenants' op logs
+(`_oplog.py`) bring back those of ordered ops after a restart, with their request ids.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import anyio
 
 from ._errors import TinkerRequestError, error_body
 
-__all__ = ["KEEP_FUTURES", "Futures", "WorkQueue"]
+__all__ = ["KEEP_FUTURES", "Futures", "WorkQueue", "body_digest", "failure_message"]
 
 log = logging.getLogger("plies.server.tinker")
 
@@ -50,9 +51,10 @@ class Futures:
         self._keep = keep
         self._futures: OrderedDict[str, _Future] = OrderedDict()
 
-    def create(self) -> str:
-        rid = f"req-{uuid.uuid4().hex}"
-        self._futures[rid] = _Future()
+    def create(self, rid: str | None = None, prefix: str = "req") -> str:
+        """A pending future; `rid` names one brought back from an op log (kept if it exists)."""
+        rid = rid or f"{prefix}-{uuid.uuid4().hex}"
+        self._futures.setdefault(rid, _Future())
         return rid
 
     def settle(self, rid: str, value: Result) -> None:
@@ -99,6 +101,11 @@ class _Queue:
     gap_since: float | None = None
 
 
+def failure_message(exc: Exception) -> str:
+    """What a failed op's future says: a refusal's own message, else the exception."""
+    return str(exc) if isinstance(exc, TinkerRequestError) else f"{type(exc).__name__}: {exc}"
+
+
 def body_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
@@ -129,10 +136,24 @@ class WorkQueue:
     def __contains__(self, model_id: str) -> bool:
         return model_id in self._queues
 
+    def known(self, model_id: str, seq_id: int) -> bool:
+        """Whether `seq_id` of `model_id` was submitted already (a repeat is not new work)."""
+        queue = self._queues.get(model_id)
+        return queue is not None and seq_id in queue.seen
+
+    def remember(self, model_id: str, seq_id: int, digest: str, rid: str) -> None:
+        """Record an op applied before a restart, so a repeat of it gets its request id."""
+        self._queues[model_id].seen[seq_id] = (digest, rid)
+
     def submit(
-        self, model_id: str, seq_id: int, digest: str, fn: Callable[[], Result] | None
+        self,
+        model_id: str,
+        seq_id: int,
+        digest: str,
+        fn: Callable[[], Result] | None,
+        rid: str | None = None,
     ) -> str:
-        """Queue `fn` as the op `seq_id` of `model_id`; its request id.
+        """Queue `fn` as the op `seq_id` of `model_id`; its request id (`rid`, if given).
 
         A repeat of a request already submitted (same `seq_id`, same body) gets the original
         request id. `fn=None` consumes the `seq_id` without work (a request refused at submit).
@@ -155,7 +176,7 @@ class WorkQueue:
             raise TinkerRequestError(
                 f"seq_id {seq_id} of model {model_id} is behind the next one ({queue.next_seq})"
             )
-        rid = self._futures.create()
+        rid = self._futures.create(rid)
         queue.ops[seq_id] = _Op(rid, digest, fn)
         queue.seen[seq_id] = (digest, rid)
         while len(queue.seen) > 4096:
@@ -181,11 +202,10 @@ class WorkQueue:
                 continue
             try:
                 value = await anyio.to_thread.run_sync(op.fn)
-            except TinkerRequestError as exc:
-                self._futures.fail(op.rid, str(exc))
             except Exception as exc:
-                log.exception("%s: op failed", model_id)
-                self._futures.fail(op.rid, f"{type(exc).__name__}: {exc}")
+                if not isinstance(exc, TinkerRequestError):
+                    log.exception("%s: op failed", model_id)
+                self._futures.fail(op.rid, failure_message(exc))
             else:
                 self._futures.settle(op.rid, value)
 

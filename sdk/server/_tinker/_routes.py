@@ -26,10 +26,14 @@ from ._schemas import (
     CreateModelRequest,
     CreateSamplingSessionRequest,
     GetInfoRequest,
+    LoadWeightsRequest,
     OptimStepRequest,
     SaveForSamplerRequest,
+    SaveWeightsRequest,
+    UnloadModelRequest,
+    WeightsInfoRequest,
 )
-from ._service import TinkerService
+from ._service import SAMPLE_PREFIX, TinkerService
 
 __all__ = ["MAX_BODY_BYTES", "tinker_router"]
 
@@ -156,19 +160,69 @@ def tinker_router(service: TinkerService) -> APIRouter:
         }
         return {"supported_models": [model]}
 
-    def json_route(path: str, schema: type[BaseModel], handle: Callable[[Any, str], Any]) -> None:
-        """A JSON route: validate the body as `schema`, then `handle(request, body_digest)`."""
+    def json_route(path: str, schema: type[BaseModel], handle: Callable[[Any], Any]) -> None:
+        """A JSON route: validate the body as `schema`, then `handle(request)`."""
 
         @router.post(path)
         @_guarded
         async def route(request: Request) -> Any:
-            req, digest = await _parse(request, schema)
-            return handle(req, digest)
+            req, _ = await _parse(request, schema)
+            return handle(req)
 
-    json_route("/create_model", CreateModelRequest, service.create_model)
-    json_route("/get_info", GetInfoRequest, lambda req, _: service.info(req.model_id))
-    json_route("/save_weights_for_sampler", SaveForSamplerRequest, service.save_for_sampler)
-    json_route("/asample", AsampleRequest, lambda req, _: service.asample(req))
+    def ordered_route(
+        path: str, schema: type[BaseModel], handle: Callable[[Any, str, bytes], Any]
+    ) -> None:
+        """A JSON route for an op with a `seq_id` (which a refusal still consumes):
+        `handle(request, body_digest, body)`, the body for the tenant's op log."""
+
+        @router.post(path)
+        @_guarded
+        async def route(request: Request) -> Any:
+            body = await _raw(request)
+            data = _json(body)
+            digest = body_digest(body)
+            with _consuming(service, data.get("model_id"), data.get("seq_id"), digest):
+                return handle(schema.model_validate(data), digest, body)
+
+    ordered_route("/create_model", CreateModelRequest, service.create_model)
+    ordered_route("/optim_step", OptimStepRequest, service.optim_step)
+    ordered_route("/save_weights_for_sampler", SaveForSamplerRequest, service.save_for_sampler)
+    ordered_route("/save_weights", SaveWeightsRequest, service.save_weights)
+    ordered_route("/load_weights", LoadWeightsRequest, service.load_weights)
+    json_route("/get_info", GetInfoRequest, lambda req: service.info(req.model_id))
+    json_route("/asample", AsampleRequest, service.asample)
+    json_route("/unload_model", UnloadModelRequest, lambda req: service.unload_model(req.model_id))
+    json_route(
+        "/weights_info",
+        WeightsInfoRequest,
+        lambda req: service.runs_view().weights_info(req.tinker_path),
+    )
+
+    @router.get("/training_runs")
+    @_guarded
+    async def training_runs(limit: int = 20, offset: int = 0) -> Any:
+        return service.runs_view().list_runs(limit, offset)
+
+    @router.get("/training_runs/{run_id}")
+    @_guarded
+    async def training_run(run_id: str) -> Any:
+        return service.runs_view().run(run_id)
+
+    @router.get("/training_runs/{run_id}/checkpoints")
+    @_guarded
+    async def run_checkpoints(run_id: str) -> Any:
+        return {"checkpoints": service.runs_view().checkpoints(run_id)}
+
+    @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
+    @_guarded
+    async def delete_checkpoint(run_id: str, checkpoint_id: str) -> Any:
+        service.runs_view().delete(run_id, checkpoint_id)
+        return {}
+
+    @router.get("/checkpoints")
+    @_guarded
+    async def checkpoints(limit: int = 100, offset: int = 0) -> Any:
+        return service.runs_view().list_checkpoints(limit, offset)
 
     @router.post("/forward_backward")
     @_guarded
@@ -184,21 +238,7 @@ def tinker_router(service: TinkerService) -> APIRouter:
                 max_len=service.config.max_model_len,
                 max_datums=limits.max_datums,
             )
-        return service.forward_backward(inp, digest)
-
-    @router.post("/optim_step")
-    @_guarded
-    async def optim_step(request: Request) -> Any:
-        body = await _raw(request)
-        data = _json(body)
-        digest = body_digest(body)
-        with _consuming(service, data.get("model_id"), data.get("seq_id"), digest):
-            req = OptimStepRequest.model_validate(data)
-            if req.adam_params is None:
-                raise TinkerRequestError(
-                    "only adam_params (AdamW) optim steps are supported by plies serve yet"
-                )
-        return service.optim_step(req.model_id, req.seq_id, req.adam_params, digest)
+        return service.forward_backward(inp, digest, body)
 
     @router.post("/create_sampling_session")
     @_guarded
@@ -223,7 +263,14 @@ def tinker_router(service: TinkerService) -> APIRouter:
         rid = data.get("request_id")
         if not isinstance(rid, str):
             raise TinkerRequestError("retrieve_future needs a request_id")
-        value = await service.futures.wait(rid, limits.poll_seconds)
+        try:
+            value = await service.futures.wait(rid, limits.poll_seconds)
+        except TinkerRequestError:
+            if rid.startswith(SAMPLE_PREFIX + "-"):
+                raise TinkerRequestError(
+                    f"sample {rid} is gone (the server restarted); sample again", status=410
+                ) from None
+            raise
         if value is None:
             body = {"type": "try_again", "request_id": rid, "queue_state": "active"}
             return JSONResponse(body, status_code=408)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from .._engine import Engine, GenerateParams, GenerateResult, UnknownPolicy
+from .._journal import Journal
 from ._errors import TinkerRequestError
 from ._proto import encode_samples
 from ._schemas import AsampleRequest
@@ -36,9 +37,13 @@ class Sampler:
 
 
 class Samplers:
-    """Sampling sessions by id, named sampler weights by `tinker://` path, loaded policies."""
+    """Sampling sessions by id, named sampler weights by `tinker://` path, loaded policies.
 
-    def __init__(self, engine: Engine, tokenizer: Any, max_loaded: int):
+    Sessions and paths are registered in `registry` (one fsynced line each) and read back
+    when the server restarts, so a sampler id or path handed out before a crash still works.
+    """
+
+    def __init__(self, engine: Engine, tokenizer: Any, max_loaded: int, registry: Path):
         self._engine = engine
         self._tokenizer = tokenizer
         self._max_loaded = max_loaded
@@ -47,6 +52,34 @@ class Samplers:
         self._count = 0
         self.sessions: dict[str, Sampler] = {}
         self.paths: dict[str, Path] = {}
+        registry.parent.mkdir(parents=True, exist_ok=True)
+        self._registry = Journal(registry)
+        for record in self._registry.read():
+            if "session" in record:
+                fields = {**record["session"], "policy_dir": Path(record["session"]["policy_dir"])}
+                self.sessions[fields["sampler_id"]] = Sampler(**fields)
+            elif "path" in record:
+                self.paths[record["path"]] = Path(record["policy_dir"])
+            else:
+                self.paths.pop(record["forget"], None)
+
+    def add_session(self, sampler: Sampler) -> None:
+        self._registry.append(
+            {"session": {**asdict(sampler), "policy_dir": str(sampler.policy_dir)}}
+        )
+        self.sessions[sampler.sampler_id] = sampler
+
+    def add_path(self, uri: str, policy_dir: Path) -> None:
+        self._registry.append({"path": uri, "policy_dir": str(policy_dir)})
+        self.paths[uri] = policy_dir
+
+    def forget_path(self, uri: str) -> bool:
+        """Forget named sampler weights; whether they were known."""
+        if uri not in self.paths:
+            return False
+        self._registry.append({"forget": uri})
+        del self.paths[uri]
+        return True
 
     def get(self, sampler_id: str) -> Sampler:
         """Raises: TinkerRequestError: no such sampling session (404)."""

@@ -19,10 +19,14 @@ __all__ = [
     "CreateSamplingSessionRequest",
     "EncodedText",
     "GetInfoRequest",
+    "LoadWeightsRequest",
     "LoraConfig",
     "OptimStepRequest",
     "SamplingParams",
     "SaveForSamplerRequest",
+    "SaveWeightsRequest",
+    "UnloadModelRequest",
+    "WeightsInfoRequest",
 ]
 
 
@@ -76,6 +80,37 @@ class SaveForSamplerRequest(_Body):
     seq_id: int = Field(ge=0)
     path: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[^/]+$")
     sampling_session_seq_id: int | None = Field(default=None, ge=0)
+
+
+class SaveWeightsRequest(_Body):
+    model_id: str
+    seq_id: int = Field(ge=0)
+    path: str | None = Field(default=None, description="The checkpoint's name.")
+    overwrite: bool = False
+    user_metadata: dict[str, str] | None = None
+
+
+class LoadWeightsRequest(_Body):
+    """Either `model_id` + `seq_id` (load into a live model, the deprecated `load_state`) or
+    `session_id` + `model_seq_id` (create the model from the checkpoint)."""
+
+    path: str
+    optimizer: bool = False
+    model_id: str | None = None
+    seq_id: int | None = Field(default=None, ge=0)
+    session_id: str | None = None
+    model_seq_id: int | None = Field(default=None, ge=0)
+    base_model: str | None = None
+    optimizer_config: dict | None = None
+    user_metadata: dict[str, str] | None = None
+
+
+class WeightsInfoRequest(_Body):
+    tinker_path: str
+
+
+class UnloadModelRequest(_Body):
+    model_id: str
 
 
 class CreateSamplingSessionRequest(_Body):

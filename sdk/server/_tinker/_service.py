@@ -7,36 +7,53 @@ engine and tokenizer exist; the routes (`_routes.py`) only parse, check and call
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from ..._durable import write_atomic
 from .._config import ServerConfig
+from .._faults import Faults
 from .._state import ServerState
-from ._errors import TinkerRequestError
-from ._futures import Futures, Result, WorkQueue
+from ._checkpoints import CheckpointPath, Runs, check_name, parse_tinker_path
+from ._errors import TinkerRequestError, error_body
+from ._futures import Futures, Result, WorkQueue, failure_message
+from ._oplog import CHANGES_STATE, Replay
 from ._proto import ForwardBackwardInput
+from ._recovery import recover
 from ._samplers import Sampler, Samplers
-from ._schemas import AdamParams, AsampleRequest, CreateModelRequest, SaveForSamplerRequest
+from ._schemas import (
+    AsampleRequest,
+    CreateModelRequest,
+    LoadWeightsRequest,
+    LoraConfig,
+    OptimStepRequest,
+    SaveForSamplerRequest,
+    SaveWeightsRequest,
+)
 from ._tenants import Tenant
+from ._training_runs import TrainingRuns
 
-__all__ = ["TinkerService"]
+__all__ = ["SAMPLE_PREFIX", "TinkerService"]
+
+SAMPLE_PREFIX = "sample"
+"""asample's request ids: samples are not journaled, so one lost in a restart is answered
+410 (promise expired), which the SDK retries as a new sample."""
 
 log = logging.getLogger("plies.server.tinker")
-
-
-def _safe(model_id: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model_id)
 
 
 class TinkerService:
     """What the Tinker routes act on; `run` starts it inside the app's lifespan."""
 
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, faults: Faults | None = None):
         self.config = config
+        self.faults = faults
         self.limits = config.tinker
         self.futures = Futures()
         self.work = WorkQueue(self.futures, self.limits.gap_seconds)
@@ -44,18 +61,27 @@ class TinkerService:
         self.tenants: dict[str, Tenant] = {}
         self.state: ServerState | None = None
         self.samplers: Samplers | None = None
+        self.runs = Runs(config.state_dir / "tinker")
+        self.session_dir = self.runs.root / "sessions"
+        self.training_runs: TrainingRuns | None = None
         self.vocab = 0
         self.arch = ""
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(self, state: ServerState, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled: the ordered work queue and the sampling tasks."""
+        """Serve until cancelled: the ordered work queue and the sampling tasks. What a killed
+        server held is recovered first (`_recovery.py`), before the app reports ready."""
         from transformers import AutoConfig
 
         base = await anyio.to_thread.run_sync(AutoConfig.from_pretrained, self.base_dir(state))
         self.vocab, self.arch = base.vocab_size, base.model_type
+        registry = self.runs.root / "samplers.jsonl"
+        self.samplers = Samplers(
+            state.engine, state.tokenizer, self.limits.max_loaded_samplers, registry
+        )
+        self.training_runs = TrainingRuns(self.runs, self.samplers)
         self.state = state
-        self.samplers = Samplers(state.engine, state.tokenizer, self.limits.max_loaded_samplers)
+        await anyio.to_thread.run_sync(recover, self, state)
         async with anyio.create_task_group() as tg:
             self._tg = tg
             await tg.start(self.work.run)
@@ -74,6 +100,12 @@ class TinkerService:
             raise TinkerRequestError("the server is still starting", status=503)
         return self.state
 
+    def runs_view(self) -> TrainingRuns:
+        """The REST views of runs and checkpoints, once the server has started."""
+        self._state()
+        assert self.training_runs is not None
+        return self.training_runs
+
     def tokenizer_id(self) -> str:
         """Where the SDK loads the tokenizer from: a local directory, if its path allows."""
         path = str(self.base_dir(self._state()).resolve())
@@ -82,15 +114,30 @@ class TinkerService:
     # -- sessions and models ----------------------------------------------------------------
 
     def create_session(self) -> str:
+        """A new session, on disk (`sessions/<id>`) so that it outlives a restart."""
         session_id = f"session-{uuid.uuid4().hex[:16]}"
+        self.session_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.session_dir / session_id, b"")
         self.sessions[session_id] = []
         return session_id
 
     def finish_session(self, session_id: str) -> None:
         """Free the session's tenants; their sampler snapshots stay usable."""
-        for model_id in self.sessions.pop(session_id, []):
-            self.work.close(model_id)
-            self.tenants.pop(model_id, None)
+        for model_id in list(self.sessions.get(session_id, [])):
+            self.unload_model(model_id)
+        self.sessions.pop(session_id, None)
+        (self.session_dir / session_id).unlink(missing_ok=True)
+
+    def unload_model(self, model_id: str) -> dict[str, Any]:
+        """Free one tenant (its queued ops fail; an op already running finishes first). Its
+        run, checkpoints and sampler weights stay, and no other tenant is touched."""
+        tenant = self.tenant(model_id)
+        self.work.close(model_id)
+        del self.tenants[model_id]
+        self.runs.close(model_id)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sessions[tenant.session_id].remove(model_id)
+        return {"model_id": model_id, "type": "unload_model"}
 
     def tenant(self, model_id: str) -> Tenant:
         tenant = self.tenants.get(model_id)
@@ -98,7 +145,9 @@ class TinkerService:
             raise TinkerRequestError(f"unknown model_id {model_id!r}", status=404)
         return tenant
 
-    def create_model(self, req: CreateModelRequest, digest: str) -> dict[str, Any]:
+    def create_model(
+        self, req: CreateModelRequest, digest: str, body: bytes, replay: Replay | None = None
+    ) -> dict[str, Any]:
         state = self._state()
         if req.session_id not in self.sessions:
             raise TinkerRequestError(f"unknown session_id {req.session_id!r}", status=404)
@@ -107,22 +156,32 @@ class TinkerService:
                 f"base_model {req.base_model!r} is not served here; this server trains "
                 f"{self.model_name!r} (plies serve --model-name)"
             )
-        model_id = f"{req.session_id}:train:{req.model_seq_id}"
+        tenant = self._open_tenant(req.session_id, req.model_seq_id, req.lora_config)
+        build = functools.partial(tenant.build, self.base_dir(state), state.engine.device)
+        rid = self._ordered(tenant, 0, "create", digest, body, build, replay)
+        return {"request_id": rid, "model_id": tenant.model_id}
+
+    def _open_tenant(self, session_id: str, model_seq_id: int, lora: LoraConfig | None) -> Tenant:
+        """The tenant `{session_id}:train:{model_seq_id}`, created (and its run recorded) if
+        new; the caller submits its build as op 0."""
+        state = self._state()
+        model_id = f"{session_id}:train:{model_seq_id}"
         if model_id not in self.tenants:
             if len(self.tenants) >= self.limits.max_models:
                 raise TinkerRequestError(
                     f"{len(self.tenants)} models are already held (plies serve --max-models "
-                    f"{self.limits.max_models}); finish a session to free its models"
+                    f"{self.limits.max_models}); finish a session or unload a model to free one"
                 )
-            root = state.config.state_dir / "tinker" / _safe(model_id)
-            tenant = Tenant(model_id, req.session_id, req.lora_config, root, state.config.trainer)
-            self.tenants[model_id] = tenant
-            self.sessions[req.session_id].append(model_id)
+            meta = {
+                "base_model": self.model_name,
+                "session_id": session_id,
+                "lora": lora.model_dump() if lora is not None else None,
+            }
+            root = self.runs.create(model_id, meta)
+            self.tenants[model_id] = Tenant(model_id, session_id, lora, root, state.config.trainer)
+            self.sessions[session_id].append(model_id)
             self.work.open(model_id)
-        tenant = self.tenants[model_id]
-        base, device = self.base_dir(state), state.engine.device
-        rid = self.work.submit(model_id, 0, digest, lambda: tenant.build(base, device))
-        return {"request_id": rid, "model_id": model_id}
+        return self.tenants[model_id]
 
     def info(self, model_id: str) -> dict[str, Any]:
         tenant = self.tenant(model_id)
@@ -143,27 +202,85 @@ class TinkerService:
 
     # -- ordered training ops ---------------------------------------------------------------
 
-    def refuse(self, model_id: str, seq_id: int, digest: str) -> None:
-        """Consume `seq_id` of a request refused at submit, so later ones still run."""
-        if model_id in self.work:
-            with contextlib.suppress(TinkerRequestError):  # a repeat or a stale seq_id
-                self.work.submit(model_id, seq_id, digest, None)
+    def _ordered(
+        self,
+        tenant: Tenant,
+        seq: int,
+        kind: str,
+        digest: str,
+        body: bytes,
+        fn: Callable[[], Result],
+        replay: Replay | None,
+    ) -> str:
+        """Queue `fn` as op `seq` of `tenant`, journaled for exactly-once (`_oplog.py`): the
+        submit before it is answered, the outcome (and the state, for the kinds that change
+        it) before its future settles. `replay` names an op brought back from the log."""
+        oplog, faults = tenant.oplog, self.faults
+        known = self.work.known(tenant.model_id, seq)
+        rid = replay.rid if replay is not None else f"req-{uuid.uuid4().hex}"
 
-    def forward_backward(self, inp: ForwardBackwardInput, digest: str) -> dict[str, Any]:
+        def run() -> Result:
+            if faults is not None:
+                faults.reached("before_apply")
+            journal = replay is None or not replay.done
+            try:
+                value = fn()
+            except Exception as exc:
+                if journal:
+                    oplog.done(seq, rid, error_body(failure_message(exc)))
+                raise
+            if kind in CHANGES_STATE:
+                assert isinstance(value, dict)
+                oplog.checkpoint(seq, tenant.saved_state({}), rid, value)
+            if journal:
+                oplog.done(seq, rid, value)
+            if faults is not None:
+                faults.reached("before_answer")
+            return value
+
+        got = self.work.submit(tenant.model_id, seq, digest, run, rid=rid)
+        if not known and replay is None:
+            oplog.submitted(seq, got, kind, digest, body)
+        return got
+
+    def refuse(self, model_id: str, seq_id: int, digest: str) -> None:
+        """Consume `seq_id` of a request refused at submit, so later ones still run (and
+        still do after a restart: the refusal is journaled like an op)."""
+        tenant = self.tenants.get(model_id)
+        if tenant is None or self.work.known(model_id, seq_id):
+            return
+        with contextlib.suppress(TinkerRequestError):  # a stale seq_id
+            rid = self.work.submit(model_id, seq_id, digest, None)
+            tenant.oplog.submitted(seq_id, rid, "refused", digest, b"")
+            tenant.oplog.done(seq_id, rid, error_body("refused at submit"))
+
+    def forward_backward(
+        self, inp: ForwardBackwardInput, digest: str, body: bytes, replay: Replay | None = None
+    ) -> Any:
         tenant = self.tenant(inp.model_id)
-        rid = self.work.submit(
-            inp.model_id, inp.seq_id, digest, lambda: tenant.forward_backward(inp)
-        )
+        fn = functools.partial(tenant.forward_backward, inp)
+        rid = self._ordered(tenant, inp.seq_id, "forward_backward", digest, body, fn, replay)
         return {"request_id": rid, "model_id": inp.model_id}
 
     def optim_step(
-        self, model_id: str, seq_id: int, params: AdamParams, digest: str
+        self, req: OptimStepRequest, digest: str, body: bytes, replay: Replay | None = None
     ) -> dict[str, Any]:
-        tenant = self.tenant(model_id)
-        rid = self.work.submit(model_id, seq_id, digest, lambda: tenant.optim_step(params))
-        return {"request_id": rid, "model_id": model_id}
+        tenant = self.tenant(req.model_id)
+        if req.adam_params is None:
+            raise TinkerRequestError(
+                "only adam_params (AdamW) optim steps are supported by plies serve yet"
+            )
+        fn = functools.partial(tenant.optim_step, req.adam_params)
+        rid = self._ordered(tenant, req.seq_id, "optim_step", digest, body, fn, replay)
+        return {"request_id": rid, "model_id": req.model_id}
 
-    def save_for_sampler(self, req: SaveForSamplerRequest, digest: str) -> dict[str, Any]:
+    def save_for_sampler(
+        self,
+        req: SaveForSamplerRequest,
+        digest: str,
+        body: bytes,
+        replay: Replay | None = None,
+    ) -> dict[str, Any]:
         state = self._state()
         samplers = self.samplers
         assert samplers is not None
@@ -177,18 +294,79 @@ class TinkerService:
             policy_dir = tenant.snapshot(state.tokenizer)
             if req.path is not None:
                 path = f"tinker://{req.model_id}/sampler_weights/{req.path}"
-                samplers.paths[path] = policy_dir
+                samplers.add_path(path, policy_dir)
                 return {"path": path, "type": "save_weights_for_sampler"}
             sampler_id = f"{tenant.session_id}:sample:{req.sampling_session_seq_id}"
-            samplers.sessions[sampler_id] = Sampler(sampler_id, self.model_name, None, policy_dir)
+            samplers.add_session(Sampler(sampler_id, self.model_name, None, policy_dir))
             return {
                 "path": None,
                 "sampling_session_id": sampler_id,
                 "type": "save_weights_for_sampler",
             }
 
-        rid = self.work.submit(req.model_id, req.seq_id, digest, op)
+        rid = self._ordered(
+            tenant, req.seq_id, "save_weights_for_sampler", digest, body, op, replay
+        )
         return {"request_id": rid, "model_id": req.model_id}
+
+    def save_weights(
+        self, req: SaveWeightsRequest, digest: str, body: bytes, replay: Replay | None = None
+    ) -> dict[str, Any]:
+        """Save the trainable weights and AdamW state as `tinker://{model_id}/weights/{name}`."""
+        tenant = self.tenant(req.model_id)
+        name = check_name(req.path if req.path is not None else f"seq-{req.seq_id:06d}")
+        path = CheckpointPath(req.model_id, "weights", name)
+        meta = {
+            "model_id": req.model_id,
+            "lora": tenant.lora.model_dump() if tenant.lora is not None else None,
+            "user_metadata": req.user_metadata,
+        }
+
+        def op() -> Result:
+            self.runs.write(path, tenant.saved_state(meta), overwrite=req.overwrite)
+            return {"path": path.uri, "type": "save_weights"}
+
+        rid = self._ordered(tenant, req.seq_id, "save_weights", digest, body, op, replay)
+        return {"request_id": rid, "model_id": req.model_id}
+
+    def load_weights(
+        self, req: LoadWeightsRequest, digest: str, body: bytes, replay: Replay | None = None
+    ) -> dict[str, Any]:
+        """Load a training checkpoint, with its AdamW state if `req.optimizer`: into a new
+        model `{session_id}:train:{model_seq_id}` (as its op 0), or into a live one."""
+        state = self._state()
+        path = parse_tinker_path(req.path)
+        lora_meta = self.runs.meta(path)["lora"]
+        kind = (req.optimizer_config or {}).get("type", "adamw")
+        if kind != "adamw":
+            raise TinkerRequestError(f"optimizer {kind!r} is not supported; only adamw")
+        if req.base_model is not None and req.base_model != self.model_name:
+            raise TinkerRequestError(
+                f"base_model {req.base_model!r} is not served here; this server trains "
+                f"{self.model_name!r}"
+            )
+        if req.session_id is not None and req.model_seq_id is not None:
+            if req.session_id not in self.sessions:
+                raise TinkerRequestError(f"unknown session_id {req.session_id!r}", status=404)
+            lora = LoraConfig.model_validate(lora_meta) if lora_meta is not None else None
+            tenant, seq = self._open_tenant(req.session_id, req.model_seq_id, lora), 0
+            base, device = self.base_dir(state), state.engine.device
+        elif req.model_id is not None and req.seq_id is not None:
+            tenant, seq, base = self.tenant(req.model_id), req.seq_id, None
+        else:
+            raise TinkerRequestError(
+                "load_weights needs session_id and model_seq_id (a new model), or model_id "
+                "and seq_id (a live one)"
+            )
+
+        def op() -> Result:
+            if base is not None:
+                tenant.build(base, device)
+            tenant.restore(self.runs.read(path, optimizer=req.optimizer))
+            return {"model_id": tenant.model_id, "path": req.path, "type": "load_weights"}
+
+        rid = self._ordered(tenant, seq, "load_weights", digest, body, op, replay)
+        return {"request_id": rid, "model_id": tenant.model_id}
 
     # -- sampling ---------------------------------------------------------------------------
 
@@ -216,7 +394,7 @@ class TinkerService:
         else:
             policy_dir = self.base_dir(state)
         sampler_id = f"{session_id}:sample:{seq}"
-        samplers.sessions[sampler_id] = Sampler(sampler_id, self.model_name, model_path, policy_dir)
+        samplers.add_session(Sampler(sampler_id, self.model_name, model_path, policy_dir))
         return sampler_id
 
     def asample(self, req: AsampleRequest) -> dict[str, Any]:
@@ -242,7 +420,7 @@ class TinkerService:
             )
         max_len = state.config.max_model_len
         samplers.params(req, max_len)  # refuse bad parameters before answering with a future
-        rid = self.futures.create()
+        rid = self.futures.create(prefix=SAMPLE_PREFIX)
 
         async def run() -> None:
             try:

@@ -23,8 +23,10 @@ import torch
 
 from .._config import TrainerConfig
 from .._policies import PolicyStore
+from ._checkpoints import SavedState
 from ._errors import TinkerRequestError
 from ._losses import tinker_loss
+from ._oplog import OpLog
 from ._proto import ForwardBackwardInput, encode_forward_backward
 from ._schemas import AdamParams, LoraConfig
 
@@ -79,8 +81,10 @@ class Tenant:
         root.mkdir(parents=True, exist_ok=True)
         (root / "policies").mkdir(exist_ok=True)
         self.store = PolicyStore(root)
+        self.oplog = OpLog(root)
         self.model: Any = None
         self.optimizer: torch.optim.AdamW | None = None
+        self.bad_loss = False  # a backward since the last step had a non-finite loss
 
     def build(self, base_dir: Path, device: torch.device) -> dict[str, Any]:
         """Load the tenant's copy of the base weights (and its adapter); the create result."""
@@ -122,24 +126,35 @@ class Tenant:
             max_micro_tokens=self.trainer.max_micro_tokens,
         )
         if not math.isfinite(result.loss):
+            if req.forward_only:
+                raise TinkerRequestError(f"the {req.loss_fn} loss is not finite ({result.loss})")
             self.model.zero_grad(set_to_none=True)
+            self.bad_loss = True
             raise TinkerRequestError(
                 f"the {req.loss_fn} loss is not finite ({result.loss}); the accumulated "
-                "gradients were discarded"
+                "gradients were discarded, and the next optim_step is refused"
             )
         return encode_forward_backward(result.logprobs, {"loss:sum": result.loss})
 
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [q for q in self.model.parameters() if q.requires_grad]
+
+    def _new_optimizer(self) -> torch.optim.AdamW:
+        return torch.optim.AdamW(self._params())  # optim_step sets the hyperparameters
+
     def optim_step(self, p: AdamParams) -> dict[str, Any]:
-        """One AdamW step on the accumulated gradients, which are then cleared."""
-        params = [q for q in self.model.parameters() if q.requires_grad]
-        if self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(params, lr=p.learning_rate)
-        for group in self.optimizer.param_groups:
-            group.update(
-                lr=p.learning_rate,
-                betas=(p.beta1, p.beta2),
-                eps=p.eps,
-                weight_decay=p.weight_decay,
+        """One AdamW step on the accumulated gradients, which are then cleared.
+
+        A step on a non-finite gradient norm, or after a backward whose loss was not finite,
+        would write NaN into the weights or the Adam moments for good; it is refused instead,
+        with the weights and optimizer state as they were and the gradients discarded.
+        """
+        params = self._params()
+        if self.bad_loss:
+            self.bad_loss = False
+            raise TinkerRequestError(
+                "optim_step refused: a forward_backward since the last step had a non-finite "
+                "loss; the weights are unchanged and the gradients were discarded"
             )
         grads = [q.grad for q in params if q.grad is not None]
         norm = (
@@ -147,11 +162,60 @@ class Tenant:
             if grads
             else 0.0
         )
+        if not math.isfinite(norm):
+            self.model.zero_grad(set_to_none=True)
+            raise TinkerRequestError(
+                f"optim_step refused: the gradient norm is not finite ({norm}); the weights "
+                "are unchanged and the gradients were discarded"
+            )
+        if self.optimizer is None:
+            self.optimizer = self._new_optimizer()
+        for group in self.optimizer.param_groups:
+            group.update(
+                lr=p.learning_rate,
+                betas=(p.beta1, p.beta2),
+                eps=p.eps,
+                weight_decay=p.weight_decay,
+            )
         if p.grad_clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, p.grad_clip_norm)
         self.optimizer.step()
         self.model.zero_grad(set_to_none=True)
         return {"metrics": {"grad_norm:mean": norm, "learning_rate:mean": p.learning_rate}}
+
+    def saved_state(self, meta: dict[str, Any], *, optimizer: bool = True) -> SavedState:
+        """The trainable tensors and AdamW state, as a checkpoint holds them (not copies:
+        write them out before the next op runs)."""
+        trainable = {
+            name: q.detach().cpu() for name, q in self.model.named_parameters() if q.requires_grad
+        }
+        opt = self.optimizer.state_dict() if optimizer and self.optimizer is not None else None
+        return SavedState(meta, trainable, opt)
+
+    def restore(self, state: SavedState) -> None:
+        """Set the trainable tensors (and AdamW state, if saved) from a checkpoint.
+
+        Raises:
+            TinkerRequestError: the checkpoint's tensors are not this tenant's (400).
+        """
+        params = dict(self.model.named_parameters())
+        mine = {name for name, q in params.items() if q.requires_grad}
+        if set(state.trainable) != mine or any(
+            params[n].shape != t.shape for n, t in state.trainable.items()
+        ):
+            raise TinkerRequestError(
+                "the checkpoint's trainable weights do not match this model's (another "
+                "LoRA rank, other target layers, or a full fine-tune)"
+            )
+        with torch.no_grad():
+            for name, tensor in state.trainable.items():
+                params[name].copy_(tensor)
+        self.model.zero_grad(set_to_none=True)
+        self.bad_loss = False
+        self.optimizer = None
+        if state.optimizer is not None:
+            self.optimizer = self._new_optimizer()
+            self.optimizer.load_state_dict(state.optimizer)
 
     def snapshot(self, tokenizer: Any) -> Path:
         """Publish the merged weights as the tenant's next immutable version; its directory."""
