@@ -28,6 +28,8 @@ import json
 import sys
 
 MAX_TURNS = 6
+UNFINISHED_REWARD = -1.0
+"""What a hand the agent left unfinished is worth: a loss, as in the Blackjack recipe."""
 
 
 def agent(system: str | None = None) -> int:
@@ -112,7 +114,14 @@ async def train(args: argparse.Namespace) -> None:
 
                     async def play(i: int, task=task, group_id=group_id, members=members) -> None:
                         async with BlackjackEnv() as env:
-                            members[i] = await harness.run(env, task, group_id=group_id)
+                            traj = await harness.run(env, task, group_id=group_id)
+                        # The harness reports no reward when no tool paid one (the agent never
+                        # finished its hand); this script scores that as a lost hand.
+                        members[i] = (
+                            traj
+                            if traj.reward is not None
+                            else traj.model_copy(update={"reward": UNFINISHED_REWARD})
+                        )
 
                     async with anyio.create_task_group() as tg:
                         for i in range(args.group_size):
