@@ -6,6 +6,10 @@ every turn's prompt in the same run; each turn's CPU time is the median over rep
 
 Targets: incremental total <= 1/20 of full; turn 200 <= 1.5x turn 10 (incremental).
 
+Then a key whose probe verdict says every turn falls back (Qwen3's own template with
+enable_thinking=False drops the prefill from history): each of its turns should cost what a
+bare full render costs, not a refused synthetic render on top. Target: <= 1.1x.
+
     python bench/render_bench.py [--turns 200] [--repeats 7] [--template qwen3|qwen3_training]
 """
 
@@ -91,7 +95,7 @@ def run_incremental(renderer, steps, completions) -> tuple[list[float], list[int
     return costs, lengths, len(conv.fallbacks)
 
 
-def run_full(tok, steps, completions) -> tuple[list[float], list[int]]:
+def run_full(tok, steps, completions, **kwargs) -> tuple[list[float], list[int]]:
     clock = time.thread_time
     history = list(START)
     costs, lengths = [], []
@@ -99,11 +103,48 @@ def run_full(tok, steps, completions) -> tuple[list[float], list[int]]:
         t0 = clock()
         history += [message, result]
         prompt = tok.apply_chat_template(
-            history, tools=[WEATHER], add_generation_prompt=True, tokenize=True, return_dict=False
+            history,
+            tools=[WEATHER],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **kwargs,
         )
         costs.append(clock() - t0)
         lengths.append(len(prompt))
     return costs, lengths
+
+
+def refused_key(tok, turns: int, repeats: int) -> None:
+    """Per-turn cost on a key the probe says always falls back, against a bare full render."""
+    nothink = {"enable_thinking": False}
+    steps = [({**m, "reasoning_content": None}, r) for m, r in episode(turns)]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>'
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    completions = [
+        [*tok.encode(call % m["tool_calls"][0]["function"]["arguments"]["city"]), end]
+        for m, _ in steps
+    ]
+    renderer = ChatRenderer(tok, tools=[WEATHER], template_kwargs=nothink, template="model")
+    run_incremental(renderer, steps[:3], completions[:3])
+    inc_runs, full_runs = [], []
+    for _ in range(repeats):
+        inc, inc_len, fallbacks = run_incremental(renderer, steps, completions)
+        full, full_len = run_full(tok, steps, completions, **nothink)
+        assert inc_len == full_len and fallbacks == turns
+        inc_runs.append(sum(inc))
+        full_runs.append(sum(full))
+    inc_total, full_total = statistics.median(inc_runs), statistics.median(full_runs)
+    ratio = inc_total / full_total
+    print(
+        f"refused key (qwen3, enable_thinking=False, template='model'), {turns} turns, "
+        f"fallbacks {fallbacks}: renderer {inc_total * 1e3:.1f} ms, bare full renders "
+        f"{full_total * 1e3:.1f} ms"
+    )
+    print(
+        f"renderer / bare full render   = {ratio:.2f}  (target <= 1.1) "
+        f"{'PASS' if ratio <= 1.1 else 'MISS'}"
+    )
 
 
 def main() -> None:
@@ -121,7 +162,7 @@ def main() -> None:
     ).read_text()
     steps = episode(args.turns)
     completions = [sampled_ids(tok, m) for m, _ in steps]
-    renderer = ChatRenderer(tok, tools=[WEATHER])
+    renderer = ChatRenderer(tok, tools=[WEATHER], template="model")  # the template benched
     t0 = time.thread_time()
     run_incremental(renderer, steps[:3], completions[:3])  # probe once, compile the template
     probe_s = time.thread_time() - t0
@@ -162,6 +203,7 @@ def main() -> None:
         f"full turn {args.turns} / turn 10        = {full_turn[-1] / full_turn[9]:.2f}  "
         f"(for contrast)"
     )
+    refused_key(tok, min(args.turns, 20), args.repeats)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from plies.recipes.blackjack import (
     TEMPLATE_KWARGS,
     TRAIN_SEEDS,
     Budget,
-    Forfeiting,
     Interrupted,
+    harness_for_budget,
     play_held_out,
     transcripts,
     warm_start,
@@ -138,7 +138,7 @@ async def blackjack_grpo(out: Path, budget: Budget, interrupts: Interrupts) -> N
         ) as resources,
     ):
         # The tool-calling harness under the budget; a hand left unfinished scores FORFEIT.
-        harness = Forfeiting.for_budget(renderer, sampler, budget)
+        harness = harness_for_budget(renderer, sampler, budget)
 
         def stop_if_interrupted(*_: object) -> None:
             if interrupts.count:

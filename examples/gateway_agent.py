@@ -29,7 +29,8 @@ import sys
 
 MAX_TURNS = 6
 UNFINISHED_REWARD = -1.0
-"""What a hand the agent left unfinished is worth: a loss, as in the Blackjack recipe."""
+"""What a hand the agent left unfinished (no tool paid, or past the wall clock) is worth: a
+loss, as in the Blackjack recipe."""
 
 
 def agent(system: str | None = None) -> int:
@@ -78,7 +79,7 @@ async def train(args: argparse.Namespace) -> None:
     from plies import Group, PolicyRef
     from plies.environments import BlackjackEnv, Task
     from plies.gateway import Gateway, GatewayServer
-    from plies.harness import GatewayHarness
+    from plies.harness import GatewayHarness, RewardPolicy, TruncationReward, UnpaidReward
     from plies.policy import SamplingParams, VLLMClient, publish
     from plies.testing import plies_command, serve_process, tiny_model_dir
     from plies.tokens import ChatRenderer
@@ -104,7 +105,13 @@ async def train(args: argparse.Namespace) -> None:
             Gateway(sampler, ChatRenderer(tokenizer), sampling=sampling) as gateway,
             GatewayServer(gateway) as server,
         ):
-            harness = GatewayHarness(server, [sys.executable, __file__, "agent"], wall_s=120)
+            unfinished = RewardPolicy(
+                truncated=TruncationReward(reward=UNFINISHED_REWARD),
+                unpaid=UnpaidReward(reward=UNFINISHED_REWARD),
+            )
+            harness = GatewayHarness(
+                server, [sys.executable, __file__, "agent"], wall_s=120, rewards=unfinished
+            )
             for step in range(args.steps):
                 groups = []
                 for t in range(args.tasks):
@@ -114,14 +121,7 @@ async def train(args: argparse.Namespace) -> None:
 
                     async def play(i: int, task=task, group_id=group_id, members=members) -> None:
                         async with BlackjackEnv() as env:
-                            traj = await harness.run(env, task, group_id=group_id)
-                        # The harness reports no reward when no tool paid one (the agent never
-                        # finished its hand); this script scores that as a lost hand.
-                        members[i] = (
-                            traj
-                            if traj.reward is not None
-                            else traj.model_copy(update={"reward": UNFINISHED_REWARD})
-                        )
+                            members[i] = await harness.run(env, task, group_id=group_id)
 
                     async with anyio.create_task_group() as tg:
                         for i in range(args.group_size):

@@ -11,11 +11,14 @@ no network and works the same for a subprocess or a command in a sandbox:
   harness -> agent `{"type": "result", "content", "done", "error"}`;
 - agent -> harness: `{"type": "done"}` (or simply exiting) ends the episode.
 
-The reward is the sum of the env's tool rewards, None when the agent called no tool. With
-a lease, the env's reset and every tool call run inside `lease.operation(...)`, so a
-cancelled episode waits (bounded) for them to settle and the env is quarantined when they
-do not. The agent runs in its own process group, killed (TERM, then KILL) on every path:
-done, crash, timeout, cancellation.
+The reward is the sum of the env's tool rewards, scored by the harness's `RewardPolicy`: an
+episode past `wall_s` gets `RewardPolicy.truncated`, one in which no tool paid gets
+`RewardPolicy.unpaid` (what the tools paid stays in `info["tool_reward"]`). A `failed`
+episode (the agent crashed or broke the protocol) keeps no reward: that is the system, not
+the model, and training refuses its group. With a lease, the env's reset and every tool call
+run inside `lease.operation(...)`, so a cancelled episode waits (bounded) for them to settle
+and the env is quarantined when they do not. The agent runs in its own process group,
+killed (TERM, then KILL) on every path: done, crash, timeout, cancellation.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from plies.environments import Env, Task
 from plies.gateway import GatewayServer
 from plies.runtime import Lease
 from plies.trajectory import Status, Trajectory
+
+from .rewards import DEFAULT_REWARDS, RewardPolicy
 
 __all__ = ["DEFAULT_KILL_TIMEOUT", "DEFAULT_WALL_S", "GatewayHarness"]
 
@@ -62,6 +67,7 @@ class GatewayHarness:
         env: extra environment variables for the agent.
         wall_s: wall-clock budget per episode; past it the trajectory is `truncated`.
         kill_timeout: grace between SIGTERM and SIGKILL when the agent is stopped.
+        rewards: what a truncated or unpaid episode is worth (default `DEFAULT_REWARDS`).
 
     Example::
 
@@ -78,14 +84,18 @@ class GatewayHarness:
         env: Mapping[str, str] | None = None,
         wall_s: float = DEFAULT_WALL_S,
         kill_timeout: float = DEFAULT_KILL_TIMEOUT,
+        rewards: RewardPolicy = DEFAULT_REWARDS,
     ):
         if not command:
             raise ConfigError("GatewayHarness needs the agent's command")
+        if not isinstance(rewards, RewardPolicy):
+            raise ConfigError(f"rewards must be a RewardPolicy, got {rewards!r}")
         self.server = server
         self.command = list(command)
         self.env = dict(env or {})
         self.wall_s = wall_s
         self.kill_timeout = kill_timeout
+        self.rewards = rewards
 
     async def run(
         self, env: Env, task: Task, *, group_id: str = "", lease: Lease[Any] | None = None
@@ -114,12 +124,21 @@ class GatewayHarness:
                     status, error = Status.FAILED, f"agent exited with {code}: {stderr[-800:]}"
             except _EPISODE_ERRORS as exc:
                 status, error = Status.FAILED, f"{type(exc).__name__}: {exc}"
+            reward = (
+                None
+                if status is Status.FAILED
+                else self.rewards.score(episode.reward, truncated=status is Status.TRUNCATED)
+            )
             trajectory = await gateway.finish_session(
                 key,
-                reward=episode.reward,
+                reward=reward,
                 status=status,
                 error=error,
-                info={"env_done": env.done, "tool_calls": episode.calls},
+                info={
+                    "env_done": env.done,
+                    "tool_calls": episode.calls,
+                    "tool_reward": episode.reward,
+                },
             )
         finally:
             if trajectory is None and gateway.has_session(key):

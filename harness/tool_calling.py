@@ -12,10 +12,13 @@ How an episode ends, and what `Trajectory.status` / `info["stop_reason"]` say:
 - a budget ran out (turns, context tokens, a completion cut at `max_tokens`, wall clock):
   `truncated`, with the budget's `StopReason`;
 - the model's output was unusable (no parse, no tool call, an unknown tool) and no
-  correction message is configured: `failed`, `StopReason.ILL_FORMED`, the reason in
-  `error`; or, with `ill_formed_reward` set, `completed` with that reward, so training
-  penalises the format error. With `correction` set the model is told what was wrong and
-  the episode goes on.
+  correction message is configured: `completed`, `StopReason.ILL_FORMED`, the reason in
+  `info["stop_detail"]`. With `correction` set the model is told what was wrong and the
+  episode goes on.
+
+What each ending is worth is the harness's `RewardPolicy` (`plies.harness.rewards`): the
+tools' total when the env said done, and explicit, documented rewards for an ill-formed,
+truncated or unpaid episode, so every trajectory it settles has a finite reward.
 
 Errors of the parts (the policy server, the env) propagate: the caller (usually the
 `RolloutDriver`) settles the episode as failed, cancelled or quarantined. Turns recorded
@@ -40,9 +43,11 @@ import anyio
 from plies import ConfigError
 from plies.environments import Env, Task, ToolResult
 from plies.policy import Completion, PolicyClient, SamplingParams
-from plies.runtime import EpisodeContext, Lease
+from plies.runtime import EpisodeContext, Lease, Pool
 from plies.tokens import ChatRenderer, Conversation, ParsedResponse
 from plies.trajectory import PolicyRef, Status, Trajectory, Turn
+
+from .rewards import DEFAULT_REWARDS, RewardPolicy
 
 __all__ = ["EpisodeLimits", "StopReason", "ToolCallingHarness"]
 
@@ -61,7 +66,8 @@ class StopReason(StrEnum):
     WALL_CLOCK = "wall_clock"
     """`EpisodeLimits.wall_s` seconds passed (status `truncated`)."""
     ILL_FORMED = "ill_formed"
-    """The model's output was unusable and no correction is configured."""
+    """The model's output was unusable and no correction is configured (status `completed`,
+    scored by `RewardPolicy.ill_formed`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +126,8 @@ class ToolCallingHarness:
         correction: when set, an ill-formed turn does not end the episode: this text is sent
             as a user message (or, for an unknown tool, the env's error as the tool result)
             and the model tries again, within `max_turns`.
-        ill_formed_reward: when set, an episode ended by ill-formed output is `completed`
-            with this reward (stop reason `ill_formed`), so training penalises the format
-            error; when None it is `failed` and training refuses its group.
+        rewards: what an ill-formed, truncated or unpaid episode is worth; the defaults
+            (`DEFAULT_REWARDS`) keep every reward finite, so a group trains.
 
     Example::
 
@@ -139,10 +144,18 @@ class ToolCallingHarness:
     limits: EpisodeLimits = EpisodeLimits()
     system_prompt: str | None = None
     correction: str | None = None
-    ill_formed_reward: float | None = None
+    rewards: RewardPolicy = DEFAULT_REWARDS
 
-    async def play(self, ctx: EpisodeContext, *, pool: str = "env") -> Trajectory:
-        """A `RolloutDriver` episode: borrow an env from `pool`, play `ctx.task` on it.
+    def __post_init__(self) -> None:
+        if not isinstance(self.rewards, RewardPolicy):
+            raise ConfigError(
+                f"rewards must be a RewardPolicy, got {self.rewards!r}; "
+                "e.g. rewards=RewardPolicy(ill_formed=IllFormedReward(reward=-1.0))"
+            )
+
+    async def play(self, ctx: EpisodeContext, *, pool: Pool[Any] | str = "env") -> Trajectory:
+        """A `RolloutDriver` episode: borrow an env from `pool` (a pool of the resources
+        scope, or its name), play `ctx.task` on it.
 
         Turns are recorded on `ctx.trajectory` as they happen, so an episode cancelled
         midway settles with the turns it took. Sampling uses the group's policy.
@@ -189,7 +202,8 @@ class ToolCallingHarness:
                 `trajectory.turns`.
 
         Returns:
-            The trajectory with status, reward, `info["stop_reason"]` and metrics set.
+            The trajectory with status, reward (scored by `rewards`), `info["stop_reason"]`,
+            `info["tool_reward"]` (what the tools paid, None when nothing) and metrics set.
 
         Raises:
             PolicyError, EnvError, LeaseError: a remote part failed; turns so far stay on
@@ -199,6 +213,19 @@ class ToolCallingHarness:
         record = add_turn if add_turn is not None else traj.turns.append
         episode = _Episode(self, env, traj, record, lease, policy)
         return await episode.play(task)
+
+
+_INLINE_PARSE_TOKENS = 512
+"""Completions up to this long are parsed on the event loop: a thread hand-off costs more than
+parsing them (bench/rollout_bench.py); longer ones are parsed in a worker thread."""
+
+
+async def _parse(conv: Conversation, completion: Completion) -> ParsedResponse:
+    if len(completion.ids) <= _INLINE_PARSE_TOKENS:
+        return conv.add_completion(completion.ids, completion.finish_reason)
+    return await anyio.to_thread.run_sync(
+        conv.add_completion, completion.ids, completion.finish_reason
+    )
 
 
 def _operation(lease: Lease[Any] | None, name: str) -> AbstractAsyncContextManager[Any]:
@@ -262,9 +289,7 @@ class _Episode:
             latency = time.monotonic() - t0
             self.sample_s += latency
             self.tokens_sampled += len(completion.ids)
-            parsed: ParsedResponse = await anyio.to_thread.run_sync(
-                conv.add_completion, completion.ids, completion.finish_reason
-            )
+            parsed = await _parse(conv, completion)
             problem = self._problem(parsed, completion, offered)
             self.record(
                 Turn.from_completion(
@@ -318,12 +343,8 @@ class _Episode:
     async def _ill_formed(self, conv: Conversation, parsed: ParsedResponse, problem: str) -> None:
         self.ill_formed.append({"turn": len(self.traj.turns) - 1, "reason": problem})
         if self.h.correction is None:
-            # With a reward configured, garbage is an outcome the policy produced and training
-            # should see it scored; without one it is a failure that training refuses.
-            scored = self.h.ill_formed_reward is not None
-            raise _Ended(
-                Status.COMPLETED if scored else Status.FAILED, StopReason.ILL_FORMED, problem
-            )
+            # Garbage is an outcome the policy produced: training should see it scored.
+            raise _Ended(Status.COMPLETED, StopReason.ILL_FORMED, problem)
         if parsed.tool_calls and not parsed.ill_formed:
             # Unknown tools: the env's own error message answers each call.
             await self._call_tools(conv, parsed.tool_calls)
@@ -353,14 +374,14 @@ class _Episode:
     def _settle(self, ended: _Ended, wall_s: float) -> None:
         traj = self.traj
         traj.info["stop_reason"] = ended.reason.value
-        if ended.reason is StopReason.ILL_FORMED:
-            if self.h.ill_formed_reward is None:
-                traj.error = f"ill-formed output: {ended.detail}"
-            else:
-                self.reward = self.h.ill_formed_reward
-                traj.info["stop_detail"] = ended.detail
-        elif ended.detail is not None:
+        traj.info["tool_reward"] = self.reward
+        if ended.detail is not None:
             traj.info["stop_detail"] = ended.detail
+        reward = self.h.rewards.score(
+            self.reward,
+            truncated=ended.status is Status.TRUNCATED,
+            ill_formed=ended.reason is StopReason.ILL_FORMED,
+        )
         if self.ill_formed:
             traj.info["ill_formed"] = self.ill_formed
         if self.conv is not None:
@@ -374,4 +395,4 @@ class _Episode:
             sample_s=self.sample_s,
             wall_s=wall_s,
         )
-        traj.settle(ended.status, reward=self.reward)  # last: a settled record is final
+        traj.settle(ended.status, reward=reward)  # last: a settled record is final

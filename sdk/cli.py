@@ -63,6 +63,18 @@ def serve(
     max_models: Annotated[
         int, typer.Option(help="Tinker API: training tenants (create_model) held at once.")
     ] = 8,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PLIES_TOKEN",
+            help="Secret every request must carry (Authorization: Bearer); needed beyond "
+            "loopback. Prefer the environment variable: options show in `ps`.",
+        ),
+    ] = None,
+    allow_path: Annotated[
+        list[Path] | None,
+        typer.Option(help="A directory besides --state-dir whose policies clients may load."),
+    ] = None,
     test_faults: Annotated[
         bool,
         typer.Option(hidden=True, help="Test only: routes that hold the trainer; loopback only."),
@@ -85,6 +97,8 @@ def serve(
             device=device,
             model_name=model_name,
             tinker={"max_models": max_models},
+            token=token or None,
+            allow_paths=tuple(allow_path or ()),
         )
     )
 
@@ -101,6 +115,17 @@ def gateway(
     max_tokens: Annotated[
         int | None, typer.Option(help="Cap on completion tokens per turn.")
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PLIES_GATEWAY_TOKEN",
+            help="Admin token (random if omitted); needed beyond loopback.",
+        ),
+    ] = None,
+    sampler_token: Annotated[
+        str | None,
+        typer.Option(envvar="PLIES_TOKEN", help="The policy server's token, if it has one."),
+    ] = None,
 ) -> None:
     """Run the capture gateway; prints {"url", "admin_token"} as one JSON line when ready."""
     from .gateway import serve as run_gateway
@@ -113,6 +138,8 @@ def gateway(
             port=port,
             model=model,
             max_tokens=max_tokens,
+            token=token or None,
+            sampler_token=sampler_token or None,
         )
     )
 
@@ -184,14 +211,114 @@ def demo_blackjack(
         Literal["none", "local", "e2b"],
         typer.Option(help="none, local or e2b: run each hand in its own sandbox."),
     ] = "none",
+    trainer: Annotated[
+        Literal["native", "tinker"],
+        typer.Option(
+            help="native (plies' wire) or tinker (the Tinker API: TINKER_BASE_URL and "
+            "TINKER_API_KEY, else the embedded server's)."
+        ),
+    ] = "native",
+    tinker_url: Annotated[
+        str | None,
+        typer.Option(help="The Tinker service for --trainer tinker (default: TINKER_BASE_URL)."),
+    ] = None,
 ) -> None:
     """Warm-start the tiny model, then train it at Blackjack with GRPO (Ctrl-C, then resume)."""
     from ._exceptions import ConfigError
     from .recipes.blackjack import main
 
     try:
-        code = main(out, budget=budget, env=env, sandbox=sandbox)
+        code = main(
+            out, budget=budget, env=env, sandbox=sandbox, trainer=trainer, tinker_url=tinker_url
+        )
     except ConfigError as err:
         typer.echo(f"plies demo: {err}", err=True)
         raise typer.Exit(2) from None
+    except BaseExceptionGroup as group:  # found once the job runs (a Tinker URL that is wrong)
+        config, rest = group.split(ConfigError)
+        if config is None or rest is not None:
+            raise
+        while isinstance(config, BaseExceptionGroup):
+            config = config.exceptions[0]
+        typer.echo(f"plies demo: {config}", err=True)
+        raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+@app.command("view")
+def view(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (plies demo blackjack --out).")],
+    out: Annotated[
+        Path | None, typer.Option(help="HTML file to write (default: RUN_DIR/view.html).")
+    ] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(help="Tokenizer directory (default: the one the run's policies carry)."),
+    ] = None,
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Serve on 127.0.0.1, refreshed as the run writes.")
+    ] = False,
+    port: Annotated[int, typer.Option(help="Port for --serve; 0 picks a free one.")] = 0,
+) -> None:
+    """One offline HTML page of a run: curve, steps, groups, every turn's tokens."""
+    from .view import serve_live, write_page
+
+    if not run_dir.is_dir():
+        typer.echo(f"plies view: {run_dir} is not a directory", err=True)
+        raise typer.Exit(2)
+    if tokenizer is not None and not tokenizer.is_dir():
+        typer.echo(f"plies view: --tokenizer {tokenizer} is not a directory", err=True)
+        raise typer.Exit(2)
+    try:
+        if serve:
+            raise typer.Exit(serve_live(run_dir, tokenizer=tokenizer, port=port))
+        page = write_page(run_dir, out or run_dir / "view.html", tokenizer=tokenizer)
+    except OSError as err:  # the page cannot be written, or the port is taken
+        typer.echo(f"plies view: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(page))
+
+
+@app.command("replay")
+def replay(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (plies demo blackjack --out).")],
+    group: Annotated[str, typer.Option(help="The id of a group in RUN_DIR/groups.jsonl.")],
+    member: Annotated[
+        int | None, typer.Option(help="One member (0-based); default: every member.")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Per-turn token cap, when run.json does not record it.")
+    ] = None,
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature, with --max-tokens.")
+    ] = 1.0,
+) -> None:
+    """Re-sample a recorded episode on the reference server; compare turn by turn."""
+    import anyio
+
+    from ._exceptions import ConfigError, PliesError
+    from .policy import SamplingParams
+    from .view import replay_group
+
+    params = None
+    if max_tokens is not None:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+    try:
+        members = anyio.run(lambda: replay_group(run_dir, group, member=member, params=params))
+    except (ConfigError, PliesError) as err:
+        typer.echo(f"plies replay: {err}", err=True)
+        raise typer.Exit(2) from None
+    unequal = 0
+    for m in members:
+        for t in m.turns:
+            same = "exact" if t.exact else ("tokens equal" if t.tokens_equal else "DIFFERENT")
+            where = "" if t.tokens_equal else f", first difference at token {t.first_difference}"
+            delta = "-" if t.max_logprob_difference is None else f"{t.max_logprob_difference:.3g}"
+            typer.echo(
+                f"member {m.member} turn {t.turn} policy v{t.version}: {t.replayed}/{t.recorded} "
+                f"tokens, max |logprob difference| {delta}: {same}{where}"
+            )
+            unequal += not t.tokens_equal
+    turns = sum(len(m.turns) for m in members)
+    typer.echo(f"{turns - unequal} of {turns} turns reproduced")
+    raise typer.Exit(1 if unequal else 0)

@@ -26,6 +26,7 @@ PACKAGES = [
     "plies.testing",
     "plies.tokens",
     "plies.training",
+    "plies.view",
     "plies.wire",
 ]
 

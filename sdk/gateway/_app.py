@@ -29,6 +29,7 @@ from .._exceptions import (
     PliesError,
     PolicyError,
     PolicyOutcomeUnknown,
+    PolicyResponseError,
     PolicyUnavailable,
     TokenizationError,
 )
@@ -44,13 +45,22 @@ log = logging.getLogger("plies.gateway")
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def create_app(gateway: Gateway) -> Starlette:
+MAX_BODY_BYTES = 8 << 20
+"""The largest request body: a whole agent transcript is far smaller (32k tokens of text is
+about 128 KiB); past it a client could make the gateway buffer without bound."""
+
+
+def create_app(gateway: Gateway, *, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
     """The ASGI app for `gateway`; mount it on your own server or run `GatewayServer`.
 
     Routes: `POST /v1/chat/completions`, `GET /v1/models` (bearer: a session key),
     `POST /v1/sessions`, `POST /v1/sessions/{key}/finish`, `DELETE /v1/sessions/{key}`
-    (bearer: the gateway's admin token), and `GET /health`.
+    (bearer: the gateway's admin token), and `GET /health`. A body over `max_body_bytes`
+    is refused with 413 before it is read whole.
     """
+
+    async def _json(request: Request, *, empty_ok: bool = False) -> Any:
+        return await _read_json(request, max_body_bytes, empty_ok=empty_ok)
 
     async def chat_completions(request: Request) -> Response:
         key = _bearer(request)
@@ -287,14 +297,28 @@ def _admin(gateway: Gateway, request: Request) -> None:
         raise _HTTPError(401, "authentication_error", "this route needs the admin token")
 
 
-async def _json(request: Request, *, empty_ok: bool = False) -> Any:
-    raw = await request.body()
+async def _read_json(request: Request, limit: int, *, empty_ok: bool) -> Any:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > limit:
+            raise _too_large(len(raw), limit)
     if not raw.strip() and empty_ok:
         return {}
     try:
         return json.loads(raw)
     except ValueError as exc:
         raise GatewayRequestError(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise GatewayRequestError("the request body is nested too deeply") from None
+
+
+def _too_large(size: int, limit: int) -> _HTTPError:
+    message = f"request body of {size} bytes or more exceeds the gateway's {limit}-byte limit"
+    return _HTTPError(413, "invalid_request_error", message)
 
 
 def _parse(model: type[_M], body: Any) -> _M:
@@ -323,6 +347,10 @@ class _HTTPError(PliesError):
         self.type_ = type_
 
 
+_CLIENT_FAULTS = frozenset({400, 413, 422})
+"""Sampler statuses that blame the request (a context too long, a bad seed): passed on as a
+400, since the same request would fail again; any other sampler error is the gateway's."""
+
 _STATUS: list[tuple[type[Exception], int, ErrorType]] = [
     (GatewaySessionError, 401, "authentication_error"),
     (GatewayRequestError, 400, "invalid_request_error"),
@@ -341,6 +369,9 @@ def _error_response(exc: Exception) -> Response:
     """The OpenAI error envelope and status for any exception; unexpected ones are 500."""
     if isinstance(exc, _HTTPError):
         return JSONResponse(error_body(str(exc), exc.type_), status_code=exc.status)
+    if isinstance(exc, PolicyResponseError) and exc.status in _CLIENT_FAULTS:
+        message = f"the policy server refused the request: {exc}"
+        return JSONResponse(error_body(message, "invalid_request_error"), status_code=400)
     for cls, status, type_ in _STATUS:
         if isinstance(exc, cls):
             param = getattr(exc, "param", None)

@@ -125,7 +125,7 @@ class StreamOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     """The subset of `POST /v1/chat/completions` the gateway honours."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = ""
     messages: list[RequestMessage] = Field(min_length=1)
@@ -139,7 +139,7 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1, description="One choice per request: one turn.")
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(1 << 63), le=(1 << 64) - 1)
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:

@@ -17,7 +17,8 @@ from pathlib import Path
 import anyio
 import httpx
 
-from .._exceptions import ConfigError
+from .._exceptions import ConfigError, GatewayError
+from .._net import is_loopback
 from ._gateway import Gateway
 from ._server import DEFAULT_HOST, GatewayServer
 
@@ -34,12 +35,37 @@ def serve(
     port: int = 0,
     model: str | None = None,
     max_tokens: int | None = None,
+    token: str | None = None,
+    sampler_token: str | None = None,
 ) -> int:
-    """Serve until SIGINT/SIGTERM; return the exit code (130 after a signal)."""
+    """Serve until SIGINT/SIGTERM; return the exit code (130 after a signal, 2 on bad options).
+
+    Args:
+        token: the admin token; by default a random one, announced on the ready line. It
+            must be given (at least 16 characters) to bind beyond loopback.
+        sampler_token: the policy server's token, sent as `Authorization: Bearer`.
+    """
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s"
     )
-    return anyio.run(_serve, sampler, tokenizer, host, port, model, max_tokens)
+    try:
+        if token is not None and len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(f"--token needs at least {MIN_TOKEN_LENGTH} characters")
+        if token is None and not is_loopback(host):
+            raise ConfigError(
+                f"--host {host} reaches beyond this machine: set the admin token yourself "
+                "(--token or PLIES_GATEWAY_TOKEN; see docs/operations.md) or bind 127.0.0.1"
+            )
+        return anyio.run(
+            _serve, sampler, tokenizer, host, port, model, max_tokens, token, sampler_token
+        )
+    except (ConfigError, GatewayError) as err:
+        log.error("cannot serve the gateway: %s", err)
+        return 2
+
+
+MIN_TOKEN_LENGTH = 16
+"""Shorter secrets can be guessed over the network."""
 
 
 async def _serve(
@@ -49,6 +75,8 @@ async def _serve(
     port: int,
     model: str | None,
     max_tokens: int | None,
+    token: str | None,
+    sampler_token: str | None,
 ) -> int:
     from transformers import AutoTokenizer
 
@@ -56,14 +84,15 @@ async def _serve(
     from ..tokens import ChatRenderer
 
     tokenizer = await anyio.to_thread.run_sync(AutoTokenizer.from_pretrained, str(tokenizer_dir))
+    headers = {"Authorization": f"Bearer {sampler_token}"} if sampler_token else {}
     if model is None:
-        model = await _served_model(sampler_url)
+        model = await _served_model(sampler_url, headers)
     renderer = ChatRenderer(tokenizer)
-    admin_token = "plies-admin-" + secrets.token_urlsafe(24)
+    admin_token = token or "plies-admin-" + secrets.token_urlsafe(24)
     sampling = SamplingParams(max_tokens=max_tokens) if max_tokens else None
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with (
-            VLLMClient([sampler_url], model) as client,
+            VLLMClient([sampler_url], model, headers=headers) as client,
             Gateway(client, renderer, sampling=sampling, admin_token=admin_token) as gateway,
             GatewayServer(gateway, host=host, port=port) as server,
         ):
@@ -76,10 +105,10 @@ async def _serve(
     raise AssertionError("unreachable: the signal loop only ends by returning")
 
 
-async def _served_model(url: str) -> str:
+async def _served_model(url: str, headers: dict[str, str]) -> str:
     """The first model the policy server lists, for when `--model` is not given."""
     try:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=30, headers=headers) as client:
             cards = (await client.get(url.rstrip("/") + "/v1/models")).json()["data"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"cannot list the models of {url}; pass --model: {err!r}") from err

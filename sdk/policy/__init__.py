@@ -3,7 +3,13 @@
 - `SamplingParams`, `Completion`, and the `PolicyClient` protocol (`sample`).
 - `VLLMClient`: vLLM's `/v1/completions`; also the client of the plies reference server.
 - `SGLangClient`: SGLang's native `/generate`.
+- `TinkerPolicyClient`: any Tinker-API service, through the `tinker` SDK (`plies[tinker]`);
+  each published `tinker://` policy is its own sampler.
 - `Timeout`, `RetryPolicy`: explicit HTTP timeouts and retry bounds.
+- `SeededPolicy`: seeds every request of an episode with `turn_seed(episode id, prompt
+  length)`, so a recorded turn can be re-sampled exactly (`plies replay`).
+- `SESSION_HEADER`: the header (`X-Session-ID`) that carries `sample(session=...)`, the
+  episode id, to a router in front of many engines.
 - Publication: `publish(policy, loaders)` makes a saved policy servable on each
   `PolicyLoader` (a `VLLMClient` loads it under `served_name(version)`; `ReloadInPlace` swaps
   the weights behind one name).
@@ -18,13 +24,17 @@ from ._config import DEFAULT_RETRY as DEFAULT_RETRY
 from ._config import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from ._config import RetryPolicy as RetryPolicy
 from ._config import Timeout as Timeout
+from ._http import SESSION_HEADER as SESSION_HEADER
 from ._publish import ReloadInPlace as ReloadInPlace
 from ._publish import load_lora_adapter as load_lora_adapter
 from ._publish import policy_path as policy_path
 from ._publish import publish as publish
 from ._publish import reload_weights as reload_weights
 from ._publish import unload_lora_adapter as unload_lora_adapter
+from ._seeded import SeededPolicy as SeededPolicy
+from ._seeded import turn_seed as turn_seed
 from ._sglang import SGLangClient as SGLangClient
+from ._tinker import TinkerPolicyClient as TinkerPolicyClient
 from ._types import Completion as Completion
 from ._types import PolicyClient as PolicyClient
 from ._types import PolicyLoader as PolicyLoader
@@ -34,6 +44,7 @@ from ._vllm import VLLMClient as VLLMClient
 __all__ = [
     "DEFAULT_RETRY",
     "DEFAULT_TIMEOUT",
+    "SESSION_HEADER",
     "Completion",
     "PolicyClient",
     "PolicyLoader",
@@ -41,17 +52,20 @@ __all__ = [
     "RetryPolicy",
     "SGLangClient",
     "SamplingParams",
+    "SeededPolicy",
     "Timeout",
+    "TinkerPolicyClient",
     "VLLMClient",
     "load_lora_adapter",
     "policy_path",
     "publish",
     "reload_weights",
+    "turn_seed",
     "unload_lora_adapter",
 ]
 
 for _name in __all__:
     _obj = globals()[_name]
-    if not isinstance(_obj, Timeout | RetryPolicy):  # the default instances have no module
+    if callable(_obj):  # classes and functions; constants and default instances have none
         _obj.__module__ = __name__
 del _name, _obj

@@ -7,6 +7,10 @@ engine that goes down. Without one, the engine with the fewest requests in fligh
 An engine that refuses a connection is skipped for `RetryPolicy.down_for` seconds, then
 probed with `GET /health` before it gets traffic again.
 
+The session key also travels as a header (`X-Session-ID` unless the client names another),
+so a router in front of many engines, shared by many rollout processes, can keep every
+request of an episode on the engine whose prefix cache holds its history.
+
 Requests travel in lanes: httpx clients that each carry at most `LANE_REQUESTS` requests at
 once, a new lane opening when every lane is full. httpx places a request by scanning every
 connection in its pool, so one client shared by C concurrent requests costs O(C) per request
@@ -59,6 +63,12 @@ PolicyChoice = PolicyRef | str | None
 LANE_REQUESTS = 8
 """Most requests one httpx client carries at once."""
 
+SESSION_HEADER = "X-Session-ID"
+"""The header that carries a request's session key (the episode id) to a router."""
+
+_HEADER_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F))
+"""Visible ASCII: what a session key may hold to travel as a header value unchanged."""
+
 
 def _normalise(base_urls: str | Sequence[str]) -> list[str]:
     urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
@@ -98,7 +108,17 @@ class _Lane:
 
 
 class HTTPPolicyClient(AsyncLifecycle):
-    """Base of the HTTP backends. Use as `async with Client(...) as client:`; opens once."""
+    """Base of the HTTP backends. Use as `async with Client(...) as client:`; opens once.
+
+    Args:
+        base_urls: one engine URL or several.
+        timeout: HTTP timeouts per phase.
+        retry: retries of requests that never reached an engine, and how long an engine
+            that refused a connection is skipped.
+        headers: sent with every request (e.g. an `Authorization` for a hosted engine).
+        session_header: the header that carries `sample(session=...)` to a router in front
+            of the engines; None sends none.
+    """
 
     _health_path = "/health"
 
@@ -109,10 +129,12 @@ class HTTPPolicyClient(AsyncLifecycle):
         timeout: Timeout = DEFAULT_TIMEOUT,
         retry: RetryPolicy = DEFAULT_RETRY,
         headers: dict[str, str] | None = None,
+        session_header: str | None = SESSION_HEADER,
     ):
         self.base_urls = _normalise(base_urls)
         self.timeout = timeout
         self.retry = retry
+        self.session_header = session_header
         self._headers = dict(headers or {})
         self._lanes: list[_Lane] = []
         self._ssl: ssl.SSLContext | None = None  # one for all lanes: each costs ~20 ms to load
@@ -224,8 +246,17 @@ class HTTPPolicyClient(AsyncLifecycle):
         policy: PolicyRef | str | None = None,
         session: str | None = None,
     ) -> Completion:
-        """Sample one completion; see `PolicyClient.sample`."""
+        """Sample one completion; see `PolicyClient.sample`.
+
+        Raises:
+            ConfigError: `session` is not visible ASCII (it must travel as a header value).
+        """
         self._check_open("sample")
+        if session is not None and not (session and _HEADER_CHARS.issuperset(session)):
+            raise ConfigError(
+                f"session key {session!r:.80} must be non-empty visible ASCII: it is sent as "
+                f"the {self.session_header or SESSION_HEADER} header"
+            )
         return await self._sample(list(prompt_ids), params, policy, session)
 
     async def _sample(
@@ -250,7 +281,7 @@ class HTTPPolicyClient(AsyncLifecycle):
         async for attempt in retrying:
             with attempt:
                 url = await self._choose(session)
-                return await self._send(url, path, payload)
+                return await self._send(url, path, payload, session=session)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
     async def _send(
@@ -262,12 +293,18 @@ class HTTPPolicyClient(AsyncLifecycle):
         params: dict[str, str] | None = None,
         want_json: bool = True,
         method: str = "POST",
+        session: str | None = None,
     ) -> Any:
         """One request, errors translated; no retry. Returns the JSON body (or the text)."""
+        headers = None
+        if session is not None and self.session_header is not None:
+            headers = {self.session_header: session}
         self._in_flight[url] += 1
         try:
             with self._lane() as http:
-                resp = await http.request(method, url + path, json=payload, params=params)
+                resp = await http.request(
+                    method, url + path, json=payload, params=params, headers=headers
+                )
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             self._mark_down(url)
             raise PolicyUnavailable(f"cannot connect to {url}: {e!r}", url=url) from e

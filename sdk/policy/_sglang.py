@@ -15,7 +15,7 @@ from typing import Any
 from .._exceptions import PolicyResponseError
 from ..trajectory import PolicyRef
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
-from ._http import HTTPPolicyClient, PolicyChoice
+from ._http import SESSION_HEADER, HTTPPolicyClient, PolicyChoice
 from ._types import Completion, SamplingParams
 
 __all__ = ["SGLangClient"]
@@ -31,6 +31,8 @@ class SGLangClient(HTTPPolicyClient):
         policy: the policy the engines serve at start, registered under `weight_version`.
         weight_version: the version string the engines report for `policy` (SGLang's
             default is "default").
+        timeout, retry, headers, session_header: as for every HTTP backend; by default
+            `sample(session=...)` also sends the session as `X-Session-ID`, for a router.
 
     Example:
         async with SGLangClient(["http://10.0.0.1:30000"], policy=ref0) as client:
@@ -47,8 +49,15 @@ class SGLangClient(HTTPPolicyClient):
         timeout: Timeout = DEFAULT_TIMEOUT,
         retry: RetryPolicy = DEFAULT_RETRY,
         headers: dict[str, str] | None = None,
+        session_header: str | None = SESSION_HEADER,
     ):
-        super().__init__(base_urls, timeout=timeout, retry=retry, headers=headers)
+        super().__init__(
+            base_urls,
+            timeout=timeout,
+            retry=retry,
+            headers=headers,
+            session_header=session_header,
+        )
         self.model = model
         self._versions: dict[str, PolicyRef] = {}
         if policy is not None:

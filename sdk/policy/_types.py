@@ -3,6 +3,7 @@ protocol of samplers that load published policies."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -51,6 +52,9 @@ class Completion(BaseModel):
             raise PolicyResponseError(
                 f"{len(self.ids)} token ids but {len(self.logprobs)} logprobs"
             )
+        bad = next((i for i, lp in enumerate(self.logprobs) if not math.isfinite(lp)), None)
+        if bad is not None:  # a NaN would be written as null, and the record would not read back
+            raise PolicyResponseError(f"logprob {bad} is {self.logprobs[bad]}, not a finite number")
         return self
 
 

@@ -22,7 +22,7 @@ from .._exceptions import ConfigError, PolicyError, PolicyResponseError
 from ..trajectory import PolicyRef
 from ..wire.sampling import served_name
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
-from ._http import HTTPPolicyClient, PolicyChoice
+from ._http import SESSION_HEADER, HTTPPolicyClient, PolicyChoice
 from ._publish import load_lora_adapter
 from ._types import Completion, SamplingParams
 
@@ -38,6 +38,8 @@ class VLLMClient(HTTPPolicyClient):
         base_urls: one engine URL or several (load-balanced, sticky per session).
         model: the served name used when `sample` gets no `policy`.
         policy: the `PolicyRef` loaded under `model`, for engines that do not report it.
+        timeout, retry, headers, session_header: as for every HTTP backend; by default
+            `sample(session=...)` also sends the session as `X-Session-ID`, for a router.
 
     Example:
         async with VLLMClient("http://127.0.0.1:8000", "policy-0") as client:
@@ -53,8 +55,15 @@ class VLLMClient(HTTPPolicyClient):
         timeout: Timeout = DEFAULT_TIMEOUT,
         retry: RetryPolicy = DEFAULT_RETRY,
         headers: dict[str, str] | None = None,
+        session_header: str | None = SESSION_HEADER,
     ):
-        super().__init__(base_urls, timeout=timeout, retry=retry, headers=headers)
+        super().__init__(
+            base_urls,
+            timeout=timeout,
+            retry=retry,
+            headers=headers,
+            session_header=session_header,
+        )
         if not model:
             raise ConfigError("VLLMClient needs the served model name")
         self.model = model

@@ -12,8 +12,10 @@ every member with a status:
 
 A group is admitted under the policy current at admission and is complete when every member
 has settled; only complete groups come out of `groups()` and `collect()`, and each is written
-to the sink first. `max_groups_in_flight` bounds groups admitted but not yet handed out, so
-sampling runs at most that far ahead of training; nothing is ever dropped for staleness.
+to the sink and fsynced first, by the resources scope's writer task (groups that complete
+together share one fsync), never on the event loop. `max_groups_in_flight` bounds groups
+admitted but not yet handed out, so sampling runs at most that far ahead of training; nothing
+is ever dropped for staleness.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from types import MappingProxyType, TracebackType
 
 import anyio
@@ -99,7 +102,9 @@ class RolloutDriver:
         policy: the policy current now; `set_policy` moves it forward.
         max_groups_in_flight: most groups admitted and not yet handed out (None: no bound;
             use it only when nothing consumes `groups()`, e.g. a sink-only run).
-        sink: where each complete group is written (fsynced) before it is handed out.
+        sink: where each complete group is written (fsynced) before it is handed out. If a
+            write fails, `groups()`, `collect()` and the exit of the `async with` raise its
+            error.
 
     Example::
 
@@ -135,6 +140,8 @@ class RolloutDriver:
         self._changed = anyio.Event()
         self._admitted_groups = self._admitted = self._running = self._turns = 0
         self._groups_complete = self._handed_out = 0
+        self._writing = 0  # complete groups queued to the sink, not yet fsynced
+        self._sink_error: BaseException | None = None
         self._settled: dict[Status, int] = dict.fromkeys(Status, 0)
 
     def __repr__(self) -> str:
@@ -167,8 +174,12 @@ class RolloutDriver:
             # it in an ExceptionGroup; it propagates unchanged once every episode settled.
             await self._tg.__aexit__(None, None, None)
         finally:
+            with CancelScope(shield=True):  # groups of settled episodes reach the sink
+                await self.wait_drained()
             self.state = DriverState.CLOSED
             self._wake()
+        if exc is None:
+            self._raise_sink_error()
 
     # policy and admission -------------------------------------------------------------------
 
@@ -250,8 +261,8 @@ class RolloutDriver:
         await self.wait_drained()
 
     async def wait_drained(self) -> None:
-        """Wait until no episode runs."""
-        while self._running:
+        """Wait until no episode runs and every complete group is on disk."""
+        while self._running or self._writing:
             event = self._changed
             await event.wait()
 
@@ -320,11 +331,28 @@ class RolloutDriver:
                 policy=state.policy,
                 trajectories=[t for t in state.members if t is not None],
             )
-            if self.sink is not None:
-                self.sink.write_group(group)
+            if self.sink is None and not self.resources.writer.report_pending:
+                self._ready.append(group)
+                self._groups_complete += 1
+            else:
+                self._writing += 1
+                self.resources.writer.append(self.sink, group, partial(self._written, group))
+        self._wake()
+
+    def _written(self, group: Group, error: BaseException | None) -> None:
+        """The writer's word on one group: fsynced (hand it out) or failed (raise it)."""
+        self._writing -= 1
+        if error is None:
             self._ready.append(group)
             self._groups_complete += 1
+        elif self._sink_error is None:
+            self._sink_error = error
         self._wake()
+
+    def _raise_sink_error(self) -> None:
+        if self._sink_error is not None:
+            error, self._sink_error = self._sink_error, None
+            raise error
 
     def _wake(self) -> None:
         self._changed.set()
@@ -333,7 +361,12 @@ class RolloutDriver:
     # results ----------------------------------------------------------------------------------
 
     def collect(self) -> list[Group]:
-        """Hand out every complete group not yet handed out."""
+        """Hand out every complete group not yet handed out.
+
+        Raises:
+            OSError: writing a group to the sink failed.
+        """
+        self._raise_sink_error()
         groups = list(self._ready)
         self._ready.clear()
         self._handed_out += len(groups)
@@ -345,8 +378,12 @@ class RolloutDriver:
         """Yield complete groups as they complete.
 
         Ends once admission is closed and every admitted group has been handed out.
+
+        Raises:
+            OSError: writing a group to the sink failed.
         """
         while True:
+            self._raise_sink_error()
             while self._ready:
                 group = self._ready.popleft()
                 self._handed_out += 1
@@ -360,6 +397,7 @@ class RolloutDriver:
             if self.state is DriverState.UNOPENED:
                 raise UsageError("iterate groups() inside `async with RolloutDriver(...)`")
             event = self._changed
+            self._raise_sink_error()  # it may have failed while the caller held a group
             await event.wait()
 
     def poll(self) -> DriverStatistics:

@@ -73,12 +73,18 @@ def _start_time(pid: int) -> str | None:
 
 
 def process_remote_id(pid: int) -> str:
-    """The remote id of a local process group led by `pid`: "pid" or "pid@starttime".
+    """The remote id of a local process group led by `pid`: "pid@starttime".
 
-    The start time, where /proc has it, lets `reap_process` refuse a recycled pid.
+    The start time is the mark `reap_process` checks, so that it never signals a recycled
+    pid or a process the run did not record.
+
+    Raises:
+        ConfigError: /proc has no start time for `pid` (it is gone, or this is not Linux).
     """
     start = _start_time(pid)
-    return f"{pid}@{start}" if start else str(pid)
+    if start is None:
+        raise ConfigError(f"process {pid} has no start time in /proc; it cannot be recorded")
+    return f"{pid}@{start}"
 
 
 def _group_alive(pgid: int) -> bool:
@@ -91,21 +97,40 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _parse_process_id(remote_id: str) -> tuple[int, str]:
+    pid_text, at, start = remote_id.partition("@")
+    if not (at and pid_text.isdigit() and start.isdigit()):
+        raise ConfigError(
+            f"process remote id {remote_id!r} is not 'pid@starttime', the form the runtime "
+            "records; a bare pid could name any process, so it is refused"
+        )
+    return int(pid_text), start
+
+
 async def reap_process(remote_id: str) -> bool:
     """SIGTERM the process group, then SIGKILL it after a grace period.
 
+    Only what carries the marks the runtime recorded is signalled: the pid must still have
+    the recorded start time (else it was recycled: the process is gone) and still lead its
+    own process group (the runtime starts each in a new session), and the group is never
+    this process's own.
+
     Raises:
-        ConfigError: the id is not "pid" or "pid@starttime".
+        ConfigError: the id is not "pid@starttime", or names pid 1, this process or its group.
     """
-    pid_text, _, start = remote_id.partition("@")
+    pgid, start = _parse_process_id(remote_id)
+    if pgid <= 1 or pgid in (os.getpid(), os.getpgrp()):
+        raise ConfigError(f"refusing to signal process group {pgid}: it is {_whose(pgid)}")
+    if _start_time(pgid) != start:
+        return False  # gone, or the pid was recycled: the process recorded is gone
     try:
-        pgid = int(pid_text)
-    except ValueError:
-        raise ConfigError(f"process remote id {remote_id!r} is not 'pid[@starttime]'") from None
-    if pgid <= 1:
-        raise ConfigError(f"refusing to signal process group {pgid}")
-    if start and (now := _start_time(pgid)) is not None and now != start:
-        return False  # the pid was recycled: the process recorded is gone
+        if os.getpgid(pgid) != pgid:
+            raise ConfigError(
+                f"process {pgid} no longer leads its process group; it is not the group "
+                "the runtime recorded, so it is left alone"
+            )
+    except ProcessLookupError:
+        return False
     if not _group_alive(pgid):
         return False
     try:
@@ -120,6 +145,12 @@ async def reap_process(remote_id: str) -> bool:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     return True
+
+
+def _whose(pgid: int) -> str:
+    if pgid <= 1:
+        return "the init process, or every process"
+    return "this process" if pgid == os.getpid() else "this process's own group"
 
 
 def builtin_reapers() -> dict[str, Reaper]:

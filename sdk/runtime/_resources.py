@@ -3,21 +3,31 @@
 Everything an episode borrows comes from here, so leaving the scope is the one place where
 the run accounts for all of it: pools stop lending, quarantined resources get a last chance
 to be torn down, and the report of what may still exist remotely is written.
+
+The scope also owns the one task that does durable writes (`DurableWriter`): report
+rewrites, coalesced, and the driver's groups, batched, run in a worker thread, so neither an
+fsync nor a report of a thousand entries stalls the event loop.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import anyio
+from anyio import CancelScope
+from anyio.abc import TaskGroup
 
 from .._exceptions import ConfigError
 from .._lifecycle import AsyncLifecycle
 from ._pool import Pool, PoolStatistics
 from ._report import QuarantineRecord, QuarantineReport, write_report
+from ._writer import DurableWriter
 
 __all__ = ["ResourcesStatistics", "RolloutResources"]
 
@@ -53,8 +63,10 @@ class RolloutResources(AsyncLifecycle):
         policy: the policy client episodes sample from (`ctx.policy`).
         pools: the pools; names must be unique. `EnvPool` is named "env" and
             `HarnessPool` "harness" unless given another name.
-        report_path: where the quarantine report goes. It is rewritten whenever a resource
-            is quarantined and once more at exit. None: no file; records are logged.
+        report_path: where the quarantine report goes. It is rewritten (off the event loop,
+            one rewrite for a burst of changes) after a resource is quarantined, before any
+            group that settled after it is handed out, and once more at exit. None: no file;
+            records are logged.
         run_id: names the run in the report.
         exit_grace: seconds at exit for background teardowns of quarantined resources.
 
@@ -85,6 +97,9 @@ class RolloutResources(AsyncLifecycle):
         self.run_id = run_id or uuid.uuid4().hex
         self.exit_grace = exit_grace
         self.aborting = False
+        self.writer = DurableWriter(self._report_write if self.report_path is not None else None)
+        """The scope's durable writes; `RolloutDriver` queues its groups here."""
+        self._tg: TaskGroup | None = None
 
     def __repr__(self) -> str:
         return f"<RolloutResources {self.run_id} pools={list(self.pools)} {self.lifecycle}>"
@@ -109,15 +124,21 @@ class RolloutResources(AsyncLifecycle):
         if self.report_path is not None and not self.report_path.parent.is_dir():
             raise ConfigError(f"report directory {self.report_path.parent} does not exist")
         self._open()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
         opened: list[Pool[Any]] = []
         try:
+            await self._tg.start(self.writer.run)
             for pool in self.pools.values():
-                pool._on_change = self._write_report
+                pool._on_change = self.writer.report_changed
                 await pool.__aenter__()
                 opened.append(pool)
-        except Exception:
+        except BaseException:
             self._close()  # the pools opened so far are closed for good: so is the scope
-            await self._close_pools(opened)
+            try:
+                await self._close_pools(opened)
+            finally:
+                await self._stop_writer()
             raise
         return self
 
@@ -134,7 +155,19 @@ class RolloutResources(AsyncLifecycle):
         try:
             await self._close_pools(list(self.pools.values()))
         finally:
-            self._write_report(final=True)
+            try:
+                with CancelScope(shield=True):
+                    await self.writer.wait_idle()
+                    await anyio.to_thread.run_sync(self._report_write(final=True))
+            finally:
+                await self._stop_writer()
+
+    async def _stop_writer(self) -> None:
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            self.writer.stop()
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
 
     async def _close_pools(self, pools: list[Pool[Any]]) -> None:
         # Pools close in reverse order of opening; each one even if the one before raised.
@@ -169,16 +202,25 @@ class RolloutResources(AsyncLifecycle):
             pools=pools,
         )
 
-    def _write_report(self, *, final: bool = False) -> None:
-        report = self.report(complete=final)
-        if self.report_path is not None:
-            write_report(self.report_path, report)
-        elif final and report.may_exist:
-            for entry in report.may_exist:
-                log.warning(
-                    "quarantined %s %s (pool %s): %s",
-                    entry.kind,
-                    entry.remote_id,
-                    entry.pool,
-                    entry.reason,
-                )
+    def _report_write(self, *, final: bool = False) -> Callable[[], None]:
+        """The blocking write of the report as it is now (records taken here, on the loop)."""
+        records = self.quarantined()
+        return partial(_write_records, self.report_path, self.run_id, records, final)
+
+
+def _write_records(
+    path: Path | None, run_id: str, records: list[QuarantineRecord], final: bool
+) -> None:
+    """Build and write the report (worker thread), or log what may exist when there is no file."""
+    report = QuarantineReport(run_id=run_id, complete=final, entries=records)
+    if path is not None:
+        write_report(path, report)
+    elif final and report.may_exist:
+        for entry in report.may_exist:
+            log.warning(
+                "quarantined %s %s (pool %s): %s",
+                entry.kind,
+                entry.remote_id,
+                entry.pool,
+                entry.reason,
+            )

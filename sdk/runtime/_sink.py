@@ -3,13 +3,15 @@
 Each record is one line handed to the kernel in one `write` on a file opened with
 `O_APPEND`, so a killed process leaves either the whole line or, at worst, a torn tail that
 the next line cannot be glued onto: when a sink reopens a file whose last byte is not a
-newline, it ends that torn line first. Groups are fsynced when written, so a group handed to
-training is already on disk. The reader returns every well-formed record and a
+newline, it ends that torn line first. A group is fsynced before a `RolloutDriver` hands it
+out (its scope's writer batches the groups that complete together into one fsync), so a group
+handed to training is already on disk. The reader returns every well-formed record and a
 `MalformedLine` for everything else, never skipping a line silently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -93,10 +95,35 @@ class JsonlSink(Lifecycle):
         """Append a complete group (its trajectories inside) and fsync."""
         self.write(group, sync=True)
 
+    def sync(self) -> None:
+        """Fsync every line written so far (a batch of `write` calls shares one fsync)."""
+        self._check_open("sync")
+        os.fsync(self._fd)
+
+    def mark(self) -> tuple[int, int]:
+        """Where the file ends now (bytes, records written), for `rollback`."""
+        self._check_open("mark")
+        return os.fstat(self._fd).st_size, self.records
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Cut off every line written since `mark`: a batch that failed part way leaves none."""
+        self._check_open("rollback")
+        size, self.records = mark
+        os.ftruncate(self._fd, size)
+
     def _write_all(self, data: bytes) -> None:
+        """Write all of `data`, or none of it: a write that fails part way (a full disk takes
+        part of a line, then refuses the rest) is cut off the file before the error is raised,
+        so a later line is never glued onto a torn one and the reader sees nothing of it."""
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError:
+            if len(view) < len(data):
+                with contextlib.suppress(OSError):  # the write's own error is the one to raise
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - (len(data) - len(view)))
+            raise
 
     def close(self) -> None:
         """Flush to disk and close. Idempotent."""

@@ -18,6 +18,12 @@ Contract (other parts of plies build on it):
       {"url": "http://127.0.0.1:PORT", "policy": {<PolicyRef>}, "model": "policy-0"}
 
   `policy` is the current (latest published) policy and `model` its served name.
+- The door (`_guard.py`, for every route alike): with `--token` / `PLIES_TOKEN` every request
+  but `/health` needs `Authorization: Bearer <token>` (or `X-API-Key`); a `--host` beyond
+  loopback without a token is refused at start. Bodies are capped (413), and a client that
+  disconnects cancels its completion. Paths given to `/v1/load_lora_adapter` must resolve
+  inside the state dir or an `--allow-path`, and the weights must match the digest their
+  `policy.json` names. The threat model is in docs/operations.md.
 - Policy store (`PolicyStore`): published policies are immutable directories
   `STATE_DIR/policies/<version>/` in Hugging Face format (config, model.safetensors, tokenizer
   files) plus `policy.json` holding the `PolicyRef` (uri = `file://` URI of that directory,

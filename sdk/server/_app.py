@@ -17,6 +17,7 @@ from ..wire.sampling import served_name
 from ._config import ServerConfig
 from ._engine import Engine, EngineOverloaded, UnknownPolicy
 from ._faults import Faults, faults_router
+from ._guard import Guard
 from ._policies import PolicyStore
 from ._sampling_routes import sampling_router
 from ._state import ServerState
@@ -93,6 +94,12 @@ def create_app(config: ServerConfig, *, test_faults: bool = False) -> FastAPI:
         app.include_router(tinker_router(tinker))
     if faults is not None:
         app.include_router(faults_router(faults))
+    app.add_middleware(
+        Guard,
+        token=config.token.get_secret_value() if config.token else None,
+        max_body_bytes=config.max_body_bytes,
+        max_training_body_bytes=config.max_training_body_bytes,
+    )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 __all__ = ["ServerConfig", "TinkerConfig", "TrainerConfig"]
 
@@ -88,6 +88,23 @@ class ServerConfig(BaseModel):
     )
     tinker: TinkerConfig = Field(
         default_factory=TinkerConfig, description="Limits of the Tinker API routes."
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        min_length=16,
+        description="The secret every request but /health must carry (Authorization: Bearer, "
+        "or X-API-Key); required to bind beyond loopback. See docs/operations.md.",
+    )
+    max_body_bytes: int = Field(
+        default=1 << 20, ge=1024, description="Largest request body, training batches aside."
+    )
+    max_training_body_bytes: int = Field(
+        default=64 << 20, ge=1024, description="Largest forward_backward body."
+    )
+    allow_paths: tuple[Path, ...] = Field(
+        default=(),
+        description="Directories besides STATE_DIR whose published policies clients may "
+        "load by path (/v1/load_lora_adapter).",
     )
 
     @property

@@ -206,6 +206,18 @@ class Engine:
         log.info("unloaded %r", name)
         return pol.ref
 
+    def model(self, name: str) -> torch.nn.Module:
+        """The module served as `name`, for read-only scoring outside the scheduler (the
+        Tinker API's prompt logprobs); it runs in inference mode, so it shares no state.
+
+        Raises:
+            UnknownPolicy: nothing is served under `name`.
+        """
+        pol = self._policies.get(name)
+        if pol is None:
+            raise UnknownPolicy(f"no policy named {name!r} is loaded")
+        return pol.model
+
     def served(self) -> dict[str, PolicyRef]:
         """Served name -> PolicyRef, in load order."""
         return {name: p.ref for name, p in self._policies.items()}
@@ -221,7 +233,8 @@ class Engine:
 
         Raises:
             UnknownPolicy: `name` is not loaded.
-            ConfigError: the prompt is empty, has ids outside the vocabulary, or is too long.
+            ConfigError: the prompt is empty or too long, or it or a stop id is outside the
+                vocabulary.
             EngineOverloaded: `max_queued` requests are already in flight.
         """
         pol = self._policies.get(name)
@@ -235,6 +248,9 @@ class Engine:
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
             raise ConfigError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        bad = next((t for t in params.stop_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ConfigError(f"stop token id {bad} is outside the vocabulary [0, {vocab})")
         total = len(prompt) + params.max_tokens
         if total > self.config.max_model_len:
             raise ConfigError(

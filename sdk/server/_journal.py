@@ -33,7 +33,10 @@ log = logging.getLogger(__name__)
 
 def bump_generation(path: Path) -> int:
     """Durably count one more trainer lifetime in `path`; returns the new generation."""
-    previous = int(path.read_text()) if path.exists() else 0
+    try:
+        previous = int(path.read_text()) if path.exists() else 0
+    except ValueError:
+        raise TrainingError(f"{path} does not hold a generation number; it is damaged") from None
     write_atomic(path, f"{previous + 1}\n".encode())
     return previous + 1
 
@@ -41,20 +44,28 @@ def bump_generation(path: Path) -> int:
 class Journal:
     """The applied ops, one JSON line each, in the order they were applied."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, required: tuple[str, ...] = ("op_id", "kind", "result")):
+        """`required`: the keys every record holds (the Tinker op logs keep other records
+        in the same durable format)."""
         self.path = path
+        self.required = required
 
     def read(self) -> list[dict[str, Any]]:
-        """Every whole record; a torn last line is cut off the file (with a warning)."""
+        """Every whole record; a torn last line is cut off the file (with a warning).
+
+        Raises:
+            TrainingError: a whole line is not a record. That is damage, not a crash, and
+                guessing past it could apply an op twice, so the trainer refuses to open.
+        """
         if not self.path.exists():
             return []
         raw = self.path.read_bytes()
         records: list[dict[str, Any]] = []
         good = 0
-        for line in raw.splitlines(keepends=True):
+        for number, line in enumerate(raw.splitlines(keepends=True), start=1):
             if not line.endswith(b"\n"):
                 break
-            records.append(json.loads(line))
+            records.append(_record(self.path, number, line, self.required))
             good += len(line)
         if good < len(raw):
             log.warning(
@@ -68,6 +79,22 @@ class Journal:
     def append(self, record: dict[str, Any]) -> None:
         """Write one record durably before the op is answered."""
         append_line(self.path, json.dumps(record, separators=(",", ":")))
+
+
+def _record(path: Path, number: int, line: bytes, required: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise TrainingError(
+            f"{path}:{number} is not a journal record ({exc}); the trainer state is damaged: "
+            "restore it from a backup or start from a new --state-dir"
+        ) from None
+    if not isinstance(record, dict) or not all(k in record for k in required):
+        raise TrainingError(
+            f"{path}:{number} is not a journal record (it lacks one of {', '.join(required)}); "
+            "the trainer state is damaged: restore it or start from a new --state-dir"
+        )
+    return record
 
 
 class Checkpoints:

@@ -14,21 +14,49 @@ so the same weights always get the same digest whatever the tokenizer files hold
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from .._durable import fsync_dir, fsync_tree
 from .._exceptions import ConfigError, PliesError
 from ..trajectory import PolicyRef
 
-__all__ = ["POLICY_FILE", "PolicyStore", "weights_digest"]
+__all__ = ["POLICY_FILE", "PolicyStore", "confine", "weights_digest"]
 
 POLICY_FILE = "policy.json"
+_MAX_REF_BYTES = 64 << 10
+"""A PolicyRef is a few hundred bytes; anything much larger is not one."""
+
+
+def confine(path: Path, roots: Sequence[Path]) -> Path:
+    """`path`, resolved, if it lies inside one of `roots` (resolved too); else refused.
+
+    Resolving first follows every symlink, so a link inside a root that points outside it
+    is judged by where it leads.
+
+    Raises:
+        ConfigError: the path does not exist or lies outside every root.
+    """
+    try:
+        real = Path(path).resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise ConfigError(f"{path} does not exist") from None
+    allowed = [Path(r).resolve() for r in roots]
+    if not any(real.is_relative_to(root) for root in allowed):
+        raise ConfigError(
+            f"{path} is outside the directories this server may load from "
+            f"({', '.join(map(str, allowed))}); the operator can add one with --allow-path"
+        )
+    return real
 
 
 def weights_digest(path: Path) -> str:
@@ -119,18 +147,59 @@ class PolicyStore:
     def read_ref(path: Path) -> PolicyRef:
         """The `PolicyRef` of a published policy directory.
 
+        The file is opened without following a symlink and its content is never quoted in
+        an error, so a client that names a directory cannot make the server read, and echo,
+        another file.
+
         Raises:
-            ConfigError: the directory holds no readable `policy.json`.
+            ConfigError: the directory holds no readable, regular `policy.json`.
         """
         f = Path(path) / POLICY_FILE
         try:
-            return PolicyRef.model_validate_json(f.read_text())
+            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as fh:
+                raw = fh.read(_MAX_REF_BYTES + 1)
         except FileNotFoundError:
             raise ConfigError(
                 f"{path} is not a published policy directory (no {POLICY_FILE})"
             ) from None
-        except ValueError as e:
-            raise ConfigError(f"{f} is not a valid PolicyRef: {e}") from e
+        except OSError as e:
+            why = f"cannot be read ({e.strerror})"
+            if e.errno == errno.ELOOP:
+                why = "is a symbolic link"
+            raise ConfigError(f"{f} {why}; a published policy holds a regular file") from None
+        if len(raw) > _MAX_REF_BYTES:
+            raise ConfigError(f"{f} is larger than a PolicyRef ({_MAX_REF_BYTES} bytes)")
+        try:
+            return PolicyRef.model_validate_json(raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "the file"
+            raise ConfigError(f"{f} is not a valid PolicyRef ({where}: {first['msg']})") from None
+
+    @classmethod
+    def verify(cls, path: Path) -> PolicyRef:
+        """The `PolicyRef` of a directory a client asked to load, once it is proven true.
+
+        A `policy.json` could name any digest, so the weights are hashed again: a directory
+        whose weights are not the ones its ref names would tag every sample with the wrong
+        policy. Symlinks inside are refused: they could point the hash and the loader at
+        different files, or outside the directories the server was allowed to read.
+
+        Raises:
+            ConfigError: not a published policy, a symlink inside, or a digest that lies.
+        """
+        ref = cls.read_ref(path)
+        links = sorted(p.name for p in Path(path).iterdir() if p.is_symlink())
+        if links:
+            raise ConfigError(f"{path} holds symbolic links ({', '.join(links[:3])}); refused")
+        actual = weights_digest(path)
+        if actual != ref.digest:
+            raise ConfigError(
+                f"{path}/{POLICY_FILE} names digest {ref.digest} but its weights hash to "
+                f"{actual}: a forged or damaged policy, refused"
+            )
+        return ref
 
     def publish(self, model: Any, tokenizer: Any) -> PolicyRef:
         """Write `model` and `tokenizer` (transformers objects) as the next version."""

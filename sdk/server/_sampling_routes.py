@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request
+import anyio
+from fastapi import APIRouter, Request, Response
 
 from ..wire.sampling import (
     CompletionRequest,
@@ -23,9 +25,43 @@ from ..wire.sampling import (
     UnloadPolicyRequest,
 )
 from ._engine import GenerateParams, UnknownPolicy
+from ._policies import PolicyStore, confine
 from ._state import server_state
 
 __all__ = ["sampling_router"]
+
+T = TypeVar("T")
+
+_CLIENT_GONE = 499
+"""The status of an answer to a client that left: nobody reads it (nginx's code)."""
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
+    """`await work`, cancelled (None) when the client disconnects first.
+
+    Starlette does not cancel a handler whose client left, so without this a request the
+    client gave up on (a timeout, a gateway turn cut off) would decode to the end for nobody.
+    Cancelling `Engine.generate` drops its row at the next step. The body was read already,
+    so the next message `receive` gives is the disconnect.
+    """
+    done: list[T] = []
+    failure: Exception | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        try:
+            done.append(await work)
+        except Exception as exc:  # raised below, outside the group, as itself
+            failure = exc
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return done[0] if done else None
 
 
 def sampling_router() -> APIRouter:
@@ -46,7 +82,7 @@ def sampling_router() -> APIRouter:
         return {"object": "list", "data": cards}
 
     @router.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> dict[str, Any]:
+    async def completions(body: CompletionRequest, request: Request) -> Any:
         state = server_state(request)
         params = GenerateParams(
             max_tokens=body.max_tokens,
@@ -57,7 +93,11 @@ def sampling_router() -> APIRouter:
             stop_token_ids=frozenset(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos,
         )
-        result = await state.engine.generate(body.model, body.prompt, params)
+        result = await _unless_client_leaves(
+            request, state.engine.generate(body.model, body.prompt, params)
+        )
+        if result is None:
+            return Response(status_code=_CLIENT_GONE)
         tok = state.tokenizer
         text = tok.decode(result.ids, skip_special_tokens=body.skip_special_tokens)
         logprobs = None
@@ -98,7 +138,7 @@ def sampling_router() -> APIRouter:
         }
 
     @router.post("/generate")
-    async def generate(body: GenerateRequest, request: Request) -> dict[str, Any]:
+    async def generate(body: GenerateRequest, request: Request) -> Any:
         state = server_state(request)
         name = body.lora_path
         if name is None:
@@ -116,7 +156,11 @@ def sampling_router() -> APIRouter:
             stop_token_ids=frozenset(sp.stop_token_ids or ()),
             ignore_eos=sp.ignore_eos,
         )
-        result = await state.engine.generate(name, body.input_ids, params)
+        result = await _unless_client_leaves(
+            request, state.engine.generate(name, body.input_ids, params)
+        )
+        if result is None:
+            return Response(status_code=_CLIENT_GONE)
         ids = result.ids
         if result.finish_reason == "stop" and not sp.no_stop_trim:
             ids = ids[:-1]
@@ -143,9 +187,10 @@ def sampling_router() -> APIRouter:
     @router.post("/v1/load_lora_adapter")
     async def load_policy(body: LoadPolicyRequest, request: Request) -> dict[str, Any]:
         state = server_state(request)
-        ref = await state.engine.load(
-            body.lora_name, Path(body.lora_path), replace=body.load_inplace
-        )
+        roots = [state.config.state_dir, *state.config.allow_paths]
+        path = confine(Path(body.lora_path), roots)
+        await anyio.to_thread.run_sync(PolicyStore.verify, path)
+        ref = await state.engine.load(body.lora_name, path, replace=body.load_inplace)
         return {"status": "loaded", "name": body.lora_name, "plies_policy": ref.model_dump()}
 
     @router.post("/v1/unload_lora_adapter")

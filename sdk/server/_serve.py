@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import shutil
@@ -15,6 +14,7 @@ import anyio
 from pydantic import ValidationError
 
 from .._exceptions import ConfigError
+from .._net import is_loopback
 from ..wire.sampling import served_name
 from ._app import create_app
 from ._config import ServerConfig
@@ -23,15 +23,6 @@ from ._policies import weights_digest
 __all__ = ["serve"]
 
 log = logging.getLogger("plies.server")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def serve(
@@ -63,7 +54,13 @@ def serve(
     try:
         if config is None:
             config = ServerConfig(**{**options, "state_dir": options.get("state_dir") or "."})
-        if test_faults and not _is_loopback(config.host):
+        if config.token is None and not is_loopback(config.host):
+            raise ConfigError(
+                f"--host {config.host} reaches beyond this machine, where anyone who reaches "
+                "the port could train, publish or replace the served policy: set a token "
+                "(--token or PLIES_TOKEN; see docs/operations.md) or bind 127.0.0.1"
+            )
+        if test_faults and not is_loopback(config.host):
             raise ConfigError(
                 f"--test-faults lets any client hold the trainer; it is refused on {config.host}, "
                 "bind a loopback address"
@@ -72,7 +69,11 @@ def serve(
             raise ConfigError(f"model directory {config.model_dir} does not exist")
         weights_digest(config.model_dir)  # fail before binding a port, with a clear message
         sock = _listen(config.host, config.port)
-    except (ValidationError, ConfigError) as e:
+    except ValidationError as e:  # its own words, without the input (it may be the token)
+        parts = (f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        log.error("cannot serve: %s", "; ".join(parts))
+        return 2
+    except ConfigError as e:
         log.error("cannot serve: %s", e)
         return 2
     if "state_dir" in options and options["state_dir"] is None:

@@ -21,7 +21,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from .._exceptions import ConfigError, TrainingGradientsLost
+from .._exceptions import ConfigError, TrainingError, TrainingGradientsLost
 from ..wire.training import (
     ErrorCode,
     ForwardBackwardRequest,
@@ -30,7 +30,7 @@ from ..wire.training import (
 )
 from ._faults import Faults
 from ._state import server_state
-from ._trainer import OpConflict, Trainer, TrainerBroken
+from ._trainer import OpConflict, Trainer
 
 __all__ = ["training_router"]
 
@@ -76,8 +76,8 @@ def training_router(faults: Faults | None = None) -> APIRouter:
     lazy = _LazyTrainer(faults)
 
     async def apply(request: Request, fn: Callable[[Trainer], T]) -> T | JSONResponse:
-        trainer = await lazy.get(request)
         try:
+            trainer = await lazy.get(request)
             return await anyio.to_thread.run_sync(fn, trainer)
         except TrainingGradientsLost as exc:
             return _error(409, ErrorCode.GRADIENTS_LOST, str(exc), exc.op_ids)
@@ -85,11 +85,17 @@ def training_router(faults: Faults | None = None) -> APIRouter:
             return _error(409, ErrorCode.OP_CONFLICT, str(exc))
         except ConfigError as exc:
             return _error(400, ErrorCode.INVALID_REQUEST, str(exc))
-        except TrainerBroken as exc:
+        except TrainingError as exc:  # TrainerBroken, or a state dir that cannot be opened
             return _error(503, ErrorCode.TRAINER_BROKEN, str(exc))
 
     @router.post("/forward_backward")
     async def forward_backward(body: ForwardBackwardRequest, request: Request) -> Any:
+        limit = server_state(request).config.max_model_len
+        long = next((i for i, d in enumerate(body.batch.data) if len(d.tokens) > limit), None)
+        if long is not None:
+            size = len(body.batch.data[long].tokens)
+            message = f"datum {long} has {size} tokens, over max_model_len {limit}"
+            return _error(400, ErrorCode.INVALID_REQUEST, message)
         return await apply(request, lambda t: t.forward_backward(body))
 
     @router.post("/optim_step")
@@ -102,13 +108,13 @@ def training_router(faults: Faults | None = None) -> APIRouter:
 
     @router.get("/ops/{op_id}")
     async def op(op_id: str, request: Request) -> Any:
-        record = (await lazy.get(request)).op(op_id)
+        record = await apply(request, lambda t: t.op(op_id))
         if record is None:
             return _error(404, ErrorCode.UNKNOWN_OP, f"op {op_id} was never applied")
         return record
 
     @router.get("/state")
     async def state(request: Request) -> Any:
-        return (await lazy.get(request)).state()
+        return await apply(request, lambda t: t.state())
 
     return router

@@ -4,6 +4,8 @@
   verbatim + a delta rendered in a bounded synthetic context, so a turn costs O(new messages).
   A probe per template key (template text, kwargs, tools, system message) decides when that is
   exact; otherwise the prompt is fully re-rendered and the `Fallback` says why.
+- `TemplateChoice`: which chat template a renderer renders with (`template="auto"` swaps in
+  TRL's prefix-preserving `_training` variant when the model's own is not prefix-preserving).
 - `ResponseParser` / `ParsedResponse`: sampled ids to content, reasoning and tool calls with
   transformers' `parse_response` and the response template known for the exact chat template.
 - `PromptDelta`: what a recorder stores per turn (`Turn.from_completion(delta, completion)`).
@@ -14,6 +16,7 @@ Example::
     from plies.tokens import ChatRenderer
 
     renderer = ChatRenderer(tokenizer, tools=[weather_schema])   # one per model
+    renderer.choice                               # TemplateChoice: e.g. TRL's qwen3_training
     conv = renderer.start([{"role": "user", "content": "Weather in Paris?"}])
     prompt = await conv.arender()                 # full render on the first turn
     ids, finish = sample(prompt)                  # your policy client, stop token kept
@@ -26,6 +29,7 @@ Example::
 See docs/tito.md for the guarantees and the pitfalls per model family.
 """
 
+from ._choice import TemplateChoice as TemplateChoice
 from ._doctor import run_doctor as run_doctor
 from ._parser import ParsedResponse as ParsedResponse
 from ._parser import ResponseParser as ResponseParser
@@ -49,6 +53,7 @@ __all__ = [
     "PromptDelta",
     "ResponseParser",
     "Template",
+    "TemplateChoice",
     "TemplateProfile",
     "TransitionKind",
     "run_doctor",

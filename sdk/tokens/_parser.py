@@ -99,6 +99,7 @@ class ResponseParser:
         *,
         tools: Sequence[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
     ) -> ResponseParser:
         """Choose the response template for `tokenizer`'s chat template.
 
@@ -108,11 +109,13 @@ class ResponseParser:
                 the parser refuses to exist rather than miss tool calls silently.
             template_kwargs: chat template kwargs (e.g. `enable_thinking=False`), used to find
                 the generation prompt prefill when `parse` gets no prompt.
+            chat_template: the template text prompts are rendered with, when it is not the
+                tokenizer's own (a TRL training variant).
 
         Raises:
             ConfigError: tools are offered and no response template is known for the template.
         """
-        text = chat_template_text(tokenizer, tools)
+        text = chat_template_text(tokenizer, tools) if chat_template is None else chat_template
         digest = template_hash(text)
         own = getattr(tokenizer, "response_template", None)
         if own is not None:

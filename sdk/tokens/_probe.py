@@ -284,6 +284,14 @@ class _Tally:
             elif self.total[k] == 0:
                 detail = self.errors.get(k, "no probe episode reached this transition")
                 out[k] = KindVerdict(k, False, FallbackReason.UNPROBED, detail, **common)
+            elif self.incremental[k] == 0:
+                # Every varied transition of this kind was refused by the local checks: the
+                # refusal belongs to the key, so the renderer goes straight to the full render
+                # instead of paying a synthetic render per turn to be refused again.
+                local = self.local[k]
+                reason = FallbackReason(max(sorted(local), key=local.__getitem__))
+                detail = f"the probe's {self.total[k]} transitions of this kind all fell back"
+                out[k] = KindVerdict(k, False, reason, f"{detail} ({local})", **common)
             else:
                 out[k] = KindVerdict(k, True, **common)
         return out

@@ -4,12 +4,14 @@ Why: re-rendering the whole history every turn costs O(history) per turn and, fo
 that rewrite history (Qwen3 strips reasoning, tools baked into the system turn), silently
 changes tokens the policy already saw. Here the history is never re-rendered or re-tokenized on
 the incremental path; when it cannot be proven exact the prompt is fully re-rendered, and the
-turn says so (`PromptDelta.extends` is false and `fallback` names the reason).
+turn says so (`PromptDelta.fallback` names the reason; `extends` stays true only when that
+full render still begins with the previous prompt + completion).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from typing import Any
 import anyio
 
 from .._exceptions import ConfigError
+from ._choice import TemplateChoice, TemplateMode, choose_template
 from ._parser import ParsedResponse, ResponseParser
 from ._probe import (
     Fallback,
@@ -28,9 +31,11 @@ from ._probe import (
     is_multimodal,
     probe,
 )
-from ._template import Template, chat_template_text, tool_schemas
+from ._template import Template, tool_schemas
 
 __all__ = ["ChatRenderer", "Conversation", "PromptDelta"]
+
+log = logging.getLogger("plies.tokens")
 
 _FINISH_REASONS = ("stop", "length", "abort")
 
@@ -42,7 +47,9 @@ class PromptDelta:
     Attributes:
         ids: the tokens added after the previous prompt + completion when `extends`, else the
             whole prompt. Record it with `Turn.from_completion(delta, completion)`.
-        extends: the prompt is the previous prompt + completion + `ids`.
+        extends: the prompt is the previous prompt + completion + `ids` (the training segment
+            goes on). True on the incremental path, and after a full render that turned out to
+            start with the previous prompt + completion token for token.
         fallback: why the prompt was fully re-rendered, when it was after the first turn.
     """
 
@@ -63,9 +70,15 @@ class ChatRenderer:
             `apply_chat_template`.
         template_kwargs: extra template variables, e.g. `{"enable_thinking": False}`. Pin
             date-dependent variables (Llama's `date_string`) here so a run stays reproducible.
+        template: which chat template prompts are rendered with. `"auto"` (default): TRL's
+            `_training` variant when the model's template is not prefix-preserving (TRL's
+            check, or the probe under these kwargs) and TRL ships one, else the model's own;
+            `"model"`: always the model's own; `"training"`: the variant (or the model's own
+            when TRL finds it training-compatible already). `choice` says which and why.
 
     Raises:
-        ConfigError: the tokenizer has no chat template.
+        ConfigError: the tokenizer has no chat template, an unknown `template`, or
+            `template="training"` for a template TRL has no variant of.
     """
 
     def __init__(
@@ -73,14 +86,34 @@ class ChatRenderer:
         tokenizer: Any,
         tools: Sequence[Any] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        template: TemplateMode = "auto",
     ):
         self.tokenizer = tokenizer
         self.tools = tool_schemas(tools)
         self.template_kwargs = dict(template_kwargs or {})
-        chat_template_text(tokenizer, self.tools)
         self._profiles: dict[str, TemplateProfile] = {}
         self._parsers: dict[str, ResponseParser] = {}
         self._lock = threading.Lock()
+        self._text: str | None = None  # None: the tokenizer's own (named templates follow tools)
+        self.choice: TemplateChoice = choose_template(
+            tokenizer, template, self.tools, self._profile_of_text
+        )
+        """The chat template in use (`choice.text`, `choice.name`) and why it was chosen."""
+        if self.choice.source == "trl":
+            self._text = self.choice.text
+            log.info(
+                "rendering with TRL's %s chat template (sha256:%s): %s",
+                self.choice.name,
+                self.choice.sha256[:12],
+                self.choice.reason,
+            )
+
+    @property
+    def chat_template(self) -> str:
+        """The template text prompts are rendered with, for the renderer's tools (pass it as
+        `chat_template=` to `apply_chat_template` to reproduce a prompt)."""
+        return self.choice.text
 
     def start(
         self, messages: Sequence[dict[str, Any]], *, tools: Sequence[Any] | None = None
@@ -98,8 +131,22 @@ class ChatRenderer:
     ) -> Template:
         """The template bound to these tools and system message (one template key)."""
         return Template(
-            self.tokenizer, tools=tools, template_kwargs=self.template_kwargs, system=system
+            self.tokenizer,
+            tools=tools,
+            template_kwargs=self.template_kwargs,
+            system=system,
+            text=self._text,
         )
+
+    def _profile_of_text(self, text: str) -> TemplateProfile:
+        tpl = Template(
+            self.tokenizer,
+            tools=self.tools,
+            template_kwargs=self.template_kwargs,
+            system=None,
+            text=text,
+        )
+        return self.profile(tpl)
 
     def profile(self, template: Template) -> TemplateProfile:
         """The probe's verdicts for `template`'s key, probing on first use."""
@@ -121,7 +168,10 @@ class ChatRenderer:
         found = self._parsers.get(key)
         if found is None:
             found = self._parsers[key] = ResponseParser.for_tokenizer(
-                self.tokenizer, tools=tools, template_kwargs=self.template_kwargs
+                self.tokenizer,
+                tools=tools,
+                template_kwargs=self.template_kwargs,
+                chat_template=self._text,
             )
         return found
 
@@ -218,8 +268,23 @@ class Conversation:
         return self._prompt
 
     async def arender(self) -> list[int]:
-        """`render` in a worker thread, so long renders never block the event loop."""
-        return await anyio.to_thread.run_sync(self.render)
+        """`render`, with long renders in a worker thread so they never block the event loop.
+
+        The incremental step is bounded (a short synthetic context and the new messages) and
+        runs inline: a thread hand-off costs more than it does (bench/rollout_bench.py). A full
+        render is O(history) and runs in a worker thread.
+        """
+        if not self._dirty:
+            return self._prompt
+        if self._base is None:
+            return await anyio.to_thread.run_sync(self.render)
+        outcome = self._incremental()
+        if isinstance(outcome, list):
+            self._advance(outcome)
+        else:
+            await anyio.to_thread.run_sync(self._advance, outcome)
+        self._dirty = False
+        return self._prompt
 
     def add_completion(
         self,
@@ -295,9 +360,13 @@ class Conversation:
         self._tools, self._template = schemas, template
         self._dirty = True
 
-    def _advance(self) -> None:
-        """Extend the prompt with a delta, or fully re-render and record why."""
-        outcome = self._incremental()
+    def _advance(self, outcome: list[int] | Fallback | None = None) -> None:
+        """Extend the prompt with a delta, or fully re-render and record why.
+
+        `outcome` is what `_incremental` gave, when the caller already asked it.
+        """
+        if outcome is None:
+            outcome = self._incremental()
         if self.fallbacks and self.fallbacks[-1].turn == self._turn:
             self.fallbacks.pop()  # messages arrived again before sampling: one fallback a turn
         assert self._base is not None
@@ -309,6 +378,16 @@ class Conversation:
         fallback = Fallback(self._turn, outcome.reason, outcome.detail)
         ids = self._template.render(self._messages, generation_prompt=True)
         self.fallbacks.append(fallback)
+        n = self._base_len
+        if len(ids) >= n and ids[:n] == self._base[:n]:
+            # The full render starts with the previous prompt + completion anyway (a template
+            # that ignores the changed tools, a close marker BPE happened to keep whole): the
+            # segment goes on. Only the render's cost was spent; sampled ids stay as sampled.
+            delta = ids[n:]
+            del self._base[n:]
+            self._base.extend(delta)
+            self._prompt, self._delta = self._base, PromptDelta(delta, True, fallback)
+            return
         self._prompt, self._delta = ids, PromptDelta(list(ids), False, fallback)
 
     def _incremental(self) -> list[int] | Fallback:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._exceptions import ConfigError, TokenizationError
 
-__all__ = ["Template", "chat_template_text", "template_hash"]
+__all__ = ["Template", "chat_template_text", "template_hash", "trl_template_name"]
 
 log = logging.getLogger("plies.tokens")
 
@@ -39,6 +39,17 @@ def template_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def trl_template_name(text: str) -> str | None:
+    """TRL's name for this exact template text ("qwen3", "qwen3_training"), if TRL ships it."""
+    from trl import chat_template_utils as ctu
+
+    suffix = "_chat_template"
+    for name, value in vars(ctu).items():
+        if name.endswith(suffix) and value == text:
+            return name.removesuffix(suffix)
+    return None
+
+
 def tool_schemas(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
     """Tools as JSON schemas (callables converted the way transformers does), or None."""
     if not tools:
@@ -51,6 +62,8 @@ def tool_schemas(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
 class Template:
     """A tokenizer, one template text, kwargs, tools and system message: one template key.
 
+    `text` is the template in use (a TRL training variant, say); by default the tokenizer's.
+
     Renders are exactly `apply_chat_template(..., tokenize=True, return_dict=False)`, the
     definition of a correct prompt; failures become `TokenizationError` naming the key.
     """
@@ -62,12 +75,13 @@ class Template:
         tools: list[dict[str, Any]] | None,
         template_kwargs: dict[str, Any],
         system: dict[str, Any] | None,
+        text: str | None = None,
     ):
         self.tokenizer = tokenizer
         self.tools = tools
         self.kwargs = template_kwargs
         self.system = system
-        self.text = chat_template_text(tokenizer, tools)
+        self.text = chat_template_text(tokenizer, tools) if text is None else text
         payload = json.dumps(
             {"template": self.text, "kwargs": template_kwargs, "tools": tools, "system": system},
             sort_keys=True,

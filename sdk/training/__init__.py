@@ -5,6 +5,8 @@
   `TrainingBatch` (segments with per-token advantages).
 - `TrainingClient` sends `forward_backward`, `optim_step` and `save_policy` with operation
   ids and reconciles unknown outcomes with the server.
+- `TinkerTrainingClient` offers the same calls on any Tinker-API service (the `tinker` SDK,
+  `plies[tinker]`); `Trainer` is the protocol both implement, what training loops take.
 
 The schemas (`Datum`, `TrainingBatch`, `AdamParams`, results) are defined in
 `plies.wire.training`, shared with the server, and re-exported here. Publishing a saved policy
@@ -30,6 +32,9 @@ from ._groups import Refusal as Refusal
 from ._groups import RefusalReason as RefusalReason
 from ._groups import Truncated as Truncated
 from ._groups import training_groups as training_groups
+from ._tinker import TinkerTrainingClient as TinkerTrainingClient
+from ._tinker import tinker_checkpoint as tinker_checkpoint
+from ._trainer import Trainer as Trainer
 
 __all__ = [
     "AdamParams",
@@ -43,12 +48,15 @@ __all__ = [
     "Refusal",
     "RefusalReason",
     "SavePolicyResult",
+    "TinkerTrainingClient",
+    "Trainer",
     "TrainerState",
     "TrainingBatch",
     "TrainingClient",
     "Truncated",
     "group_advantages",
     "grpo_advantages",
+    "tinker_checkpoint",
     "training_batch",
     "training_groups",
 ]

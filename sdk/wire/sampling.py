@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from ..trajectory import PolicyRef
 
@@ -24,6 +24,23 @@ __all__ = [
 ]
 
 
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+"""Seeds a torch generator takes (inclusive); others are refused, not wrapped."""
+MIN_TEMPERATURE = 1e-3
+"""Below it (and above 0, which is greedy) the processed logits overflow float32."""
+MAX_TEMPERATURE = 1e3
+
+TokenIds = list[StrictInt]
+"""Token ids exactly as sent: `true` or `"5"` is refused, not read as 1 or 5."""
+Seed = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+
+
+def _temperature(v: float) -> float:
+    if 0 < v < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+    return v
+
+
 def served_name(version: int) -> str:
     """The name a published policy version is served under: `policy-<version>`.
 
@@ -36,16 +53,16 @@ def served_name(version: int) -> str:
 class CompletionRequest(BaseModel):
     """`POST /v1/completions`: a token-id prompt, one choice, logprobs of sampled tokens."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = Field(description="Served name of the policy to sample from.")
-    prompt: list[int] = Field(description="Prompt token ids (text prompts are not accepted).")
+    prompt: TokenIds = Field(description="Prompt token ids (text prompts are not accepted).")
     max_tokens: int = Field(default=16, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
+    temperature: float = Field(default=1.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1, description="-1, 0 or None: disabled.")
-    seed: int | None = None
-    stop_token_ids: list[int] | None = None
+    seed: int | None = Seed
+    stop_token_ids: TokenIds | None = None
     ignore_eos: bool = False
     logprobs: int | None = Field(default=None, description="0: logprob of each sampled token.")
     return_token_ids: bool = False
@@ -67,6 +84,8 @@ class CompletionRequest(BaseModel):
             return v[0]
         return v
 
+    _temperature = field_validator("temperature")(_temperature)
+
     @field_validator("logprobs")
     @classmethod
     def _logprobs(cls, v: int | None) -> int | None:
@@ -85,17 +104,19 @@ class CompletionRequest(BaseModel):
 class SGLangSampling(BaseModel):
     """The `sampling_params` of SGLang's `/generate` that the reference server honours."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_new_tokens: int = Field(default=128, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
+    temperature: float = Field(default=1.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=-1, ge=-1)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: TokenIds | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
-    sampling_seed: int | None = None
+    sampling_seed: int | None = Seed
+
+    _temperature = field_validator("temperature")(_temperature)
 
 
 class GenerateRequest(BaseModel):
@@ -108,7 +129,7 @@ class GenerateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input_ids: list[int]
+    input_ids: TokenIds
     lora_path: str | None = Field(
         default=None, min_length=1, description="Served name of the policy to sample from."
     )

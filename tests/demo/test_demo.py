@@ -62,7 +62,25 @@ def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
     assert [s["step"] for s in steps] == [0, 1, 2]
     published = {s["policy"]["version"] for s in steps} | {1}
     assert summary["policies"] == len(published)
-    assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for figure in ("learning_curve.png", "strategy.png"):
+        assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
+    # The paired comparison: both evaluations played the same 32 deals, hand by hand.
+    low, high = summary["final_ci95"]
+    assert low <= summary["final_return"] <= high
+    pairs = [
+        (a, b)
+        for a, b in zip(evals["warm_start"]["rewards"], evals["final"]["rewards"], strict=True)
+        if a is not None and b is not None
+    ]
+    assert summary["paired_hands"] == len(pairs) >= 30
+    mean = sum(b - a for a, b in pairs) / len(pairs)
+    assert summary["improvement"] == pytest.approx(mean, abs=1e-4)
+    low, high = summary["improvement_ci95"]
+    assert low <= summary["improvement"] <= high
+    # The strategy grid counts exactly the final evaluation's decisions.
+    cells = [c for kind in ("hard", "soft") for row in summary["strategy"][kind].values()
+             for c in row.values()]  # fmt: skip
+    assert sum(c["decisions"] for c in cells) == len(evals["final"]["decisions"]) > 0
     groups = read_groups(out / "groups.jsonl")
     assert groups.clean
     trained = {g for s in steps for g in s["groups"]}

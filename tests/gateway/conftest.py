@@ -155,7 +155,10 @@ async def gateway_stack(
         VLLMClient(engine.url, policy_server.model) as client,
         Gateway(
             client,
-            ChatRenderer(tokenizer, template_kwargs=template_kwargs),
+            # These tests script completions without a think block, which Qwen3's own template
+            # keeps as sampled in tool rounds; TRL's training variant (what template="auto"
+            # picks) renders an empty one there, so those turns would be full renders.
+            ChatRenderer(tokenizer, template_kwargs=template_kwargs, template="model"),
             sampling=SamplingParams(max_tokens=max_tokens, seed=0),
             settle_timeout=5.0,
             policy=policy,

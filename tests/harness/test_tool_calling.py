@@ -16,7 +16,7 @@ import anyio
 import pytest
 from transformers import AutoTokenizer
 
-from plies import Status, Trajectory
+from plies import ConfigError, Status, Trajectory
 from plies.environments import (
     BlackjackEnv,
     LocalProcessBackend,
@@ -27,7 +27,16 @@ from plies.environments import (
     ToolResult,
     tool,
 )
-from plies.harness import EpisodeLimits, StopReason, ToolCallingHarness
+from plies.harness import (
+    DEFAULT_ILL_FORMED_REWARD,
+    EpisodeLimits,
+    IllFormedReward,
+    RewardPolicy,
+    StopReason,
+    ToolCallingHarness,
+    TruncationReward,
+    UnpaidReward,
+)
 from plies.policy import Completion, SamplingParams, VLLMClient
 from plies.recipes.blackjack import SYSTEM_PROMPT, TEMPLATE_KWARGS, openenv_server
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
@@ -63,15 +72,16 @@ def renderer(tokenizer) -> ChatRenderer:
     return ChatRenderer(tokenizer, template_kwargs=dict(TEMPLATE_KWARGS))
 
 
-def full_render(tokenizer, messages: Sequence[dict[str, Any]], tools) -> list[int]:
-    ids = tokenizer.apply_chat_template(
+def full_render(renderer: ChatRenderer, messages: Sequence[dict[str, Any]], tools) -> list[int]:
+    """transformers' own full render, with the chat template the renderer uses."""
+    ids = renderer.tokenizer.apply_chat_template(
         list(messages), tools=tools, add_generation_prompt=True, tokenize=True,
-        return_dict=False, **TEMPLATE_KWARGS,
+        return_dict=False, chat_template=renderer.chat_template, **TEMPLATE_KWARGS,
     )  # fmt: skip
     return list(ids)
 
 
-def check_exact(traj: Trajectory, client: RecordingClient, tokenizer, tools) -> None:
+def check_exact(traj: Trajectory, client: RecordingClient, renderer: ChatRenderer, tools) -> None:
     """Each turn is what the client returned; each prompt is what was sent and a full render."""
     calls = client.calls[traj.id]
     assert len(calls) == len(traj.turns) > 0
@@ -83,7 +93,7 @@ def check_exact(traj: Trajectory, client: RecordingClient, tokenizer, tools) -> 
         assert turn.finish_reason == completion.finish_reason
         assert turn.policy == completion.policy
         assert traj.prompt_ids(k) == sent
-        assert sent == full_render(tokenizer, traj.messages[: assistant_at[k]], tools)
+        assert sent == full_render(renderer, traj.messages[: assistant_at[k]], tools)
         assert turn.extends == (turn.fallback is None and k > 0)
         assert turn.message == traj.messages[assistant_at[k]]
     assert sum(len(s.tokens) for s in traj.segments()) >= sum(
@@ -98,7 +108,7 @@ async def client(warm_server):
 
 
 async def test_complete_episodes_in_process_openenv_and_sandbox_concurrently(
-    warm_server, client, renderer, tokenizer, tmp_path
+    warm_server, client, renderer, tmp_path
 ):
     """12 hands, 4 per variant, all at once; every env, session and sandbox is released."""
     harness = ToolCallingHarness(
@@ -144,14 +154,14 @@ async def test_complete_episodes_in_process_openenv_and_sandbox_concurrently(
         assert traj.reward in (-1.0, 0.0, 1.0)
         assert traj.policies == {warm_server.warm}
         # Each variant offers its own schemas (OpenEnv's come from the server's /schema).
-        check_exact(traj, client, tokenizer, traj.info["tools"])
+        check_exact(traj, client, renderer, traj.info["tools"])
     assert stats.borrowed == stats.released == 12
     assert stats.quarantined == stats.live == 0
     assert endpoint.statistics().sessions_open == 0
     assert not any(sandboxes.iterdir()), "every sandbox directory was removed"
 
 
-async def test_sampled_turns_are_recorded_exactly(warm_server, client, renderer, tokenizer):
+async def test_sampled_turns_are_recorded_exactly(warm_server, client, renderer):
     """At temperature 1 some hands may go wrong; every turn is recorded as sampled anyway."""
     harness = ToolCallingHarness(
         renderer, client, SamplingParams(max_tokens=32), system_prompt=SYSTEM_PROMPT
@@ -169,14 +179,17 @@ async def test_sampled_turns_are_recorded_exactly(warm_server, client, renderer,
             tg.start_soon(one, seed)
     schemas = [t.schema() for t in BlackjackEnv().tools()]
     for traj in trajs:
-        check_exact(traj, client, tokenizer, schemas)
-        assert traj.status in (Status.COMPLETED, Status.FAILED)
-        if traj.status is Status.COMPLETED:
-            assert traj.reward in (-1.0, 0.0, 1.0)
+        check_exact(traj, client, renderer, schemas)
+        assert traj.status is Status.COMPLETED and traj.error is None
+        if traj.info["stop_reason"] == StopReason.DONE:
+            assert traj.reward == traj.info["tool_reward"] and traj.reward in (-1.0, 0.0, 1.0)
             assert not any(t.ill_formed for t in traj.turns)
-        else:
-            assert traj.turns[-1].ill_formed and traj.error.startswith("ill-formed output")
-    assert sum(t.status is Status.COMPLETED for t in trajs) >= 12, [t.error for t in trajs]
+        else:  # scored by the default policy, so training sees the format error
+            assert traj.info["stop_reason"] == StopReason.ILL_FORMED
+            assert traj.turns[-1].ill_formed and traj.info["stop_detail"]
+            assert traj.reward == DEFAULT_ILL_FORMED_REWARD
+    done = [t for t in trajs if t.info["stop_reason"] == StopReason.DONE]
+    assert len(done) >= 12, [t.info.get("stop_detail") for t in trajs]
 
 
 ONE_WORD = SamplingParams(max_tokens=1, stop_token_ids=tuple(range(151936)))
@@ -184,39 +197,46 @@ ONE_WORD = SamplingParams(max_tokens=1, stop_token_ids=tuple(range(151936)))
 for the warm start) is a finished completion with no whole tool call: ill-formed output."""
 
 
-async def test_random_model_output_ends_the_episode_as_ill_formed(
-    warm_server, client, renderer, tokenizer
+async def test_random_model_output_ends_the_episode_as_ill_formed_and_scored(
+    warm_server, client, renderer
 ):
     harness = ToolCallingHarness(renderer, client, ONE_WORD)
     async with BlackjackEnv() as env:
         traj = await harness.run(env, Task(id="r", seed=5), policy=warm_server.base)
-    check_exact(traj, client, tokenizer, [t.schema() for t in BlackjackEnv().tools()])
-    assert (traj.status, traj.info["stop_reason"]) == (Status.FAILED, StopReason.ILL_FORMED)
-    assert len(traj.turns) == 1 and traj.turns[0].ill_formed and traj.reward is None
-    assert traj.turns[0].finish_reason == "stop"
+    check_exact(traj, client, renderer, [t.schema() for t in BlackjackEnv().tools()])
+    assert (traj.status, traj.info["stop_reason"]) == (Status.COMPLETED, StopReason.ILL_FORMED)
+    assert len(traj.turns) == 1 and traj.turns[0].ill_formed
+    assert traj.reward == DEFAULT_ILL_FORMED_REWARD and traj.info["tool_reward"] is None
+    assert traj.turns[0].finish_reason == "stop" and traj.error is None
     assert traj.info["ill_formed"][0]["turn"] == 0
-    assert traj.error.startswith("ill-formed output: ")
+    assert traj.info["stop_detail"] == traj.info["ill_formed"][0]["reason"]
 
 
 async def test_a_configured_reward_scores_ill_formed_output_for_training(
     warm_server, client, renderer
 ):
-    harness = ToolCallingHarness(renderer, client, ONE_WORD, ill_formed_reward=-1.0)
+    rewards = RewardPolicy(ill_formed=IllFormedReward(reward=-0.5))
+    harness = ToolCallingHarness(renderer, client, ONE_WORD, rewards=rewards)
     async with BlackjackEnv() as env:
         traj = await harness.run(env, Task(id="r", seed=5), policy=warm_server.base)
     assert (traj.status, traj.info["stop_reason"]) == (Status.COMPLETED, StopReason.ILL_FORMED)
-    assert traj.reward == -1.0 and traj.error is None
+    assert traj.reward == -0.5 and traj.error is None
     assert traj.turns[0].ill_formed
 
 
-async def test_correction_message_keeps_the_episode_going(warm_server, client, renderer, tokenizer):
+def test_rewards_must_be_a_policy(renderer):
+    with pytest.raises(ConfigError, match="rewards must be a RewardPolicy"):
+        ToolCallingHarness(renderer, None, ONE_WORD, rewards=-1.0)  # type: ignore[arg-type]
+
+
+async def test_correction_message_keeps_the_episode_going(warm_server, client, renderer):
     correction = "Reply with exactly one tool call."
     harness = ToolCallingHarness(
         renderer, client, ONE_WORD, limits=EpisodeLimits(max_turns=3), correction=correction
     )
     async with BlackjackEnv() as env:
         traj = await harness.run(env, Task(id="c", seed=6), policy=warm_server.base)
-    check_exact(traj, client, tokenizer, [t.schema() for t in BlackjackEnv().tools()])
+    check_exact(traj, client, renderer, [t.schema() for t in BlackjackEnv().tools()])
     assert (traj.status, traj.info["stop_reason"]) == (Status.TRUNCATED, StopReason.MAX_TURNS)
     assert [e["turn"] for e in traj.info["ill_formed"]] == [0, 1, 2]
     for entry in traj.info["ill_formed"]:
@@ -232,7 +252,7 @@ class StandOnly(BlackjackEnv):
         return [t for t in super().tools() if t.name == "stand"]
 
 
-async def test_unknown_tool_is_ill_formed(warm_server, client, renderer, tokenizer):
+async def test_unknown_tool_is_ill_formed(warm_server, client, renderer):
     harness = ToolCallingHarness(
         renderer, client, SamplingParams(max_tokens=32), system_prompt=SYSTEM_PROMPT
     )
@@ -245,27 +265,37 @@ async def test_unknown_tool_is_ill_formed(warm_server, client, renderer, tokeniz
     schemas = [t.schema() for t in StandOnly().tools()]
     unknown = 0
     for traj in trajs:
-        check_exact(traj, client, tokenizer, schemas)
+        check_exact(traj, client, renderer, schemas)
         names = [c["function"]["name"] for c in traj.turns[0].message.get("tool_calls", [])]
         if names and names[0] == "hit":
             unknown += 1
-            assert traj.status is Status.FAILED
-            assert traj.error == "ill-formed output: unknown tool 'hit'"
+            assert (traj.status, traj.info["stop_reason"]) == (
+                Status.COMPLETED, StopReason.ILL_FORMED,
+            )  # fmt: skip
+            assert traj.info["stop_detail"] == "unknown tool 'hit'"
+            assert traj.reward == DEFAULT_ILL_FORMED_REWARD
     assert unknown >= 1
 
 
+STUCK = "You drew 2. Your cards: 10, 2 (total 12). The dealer shows 7."
+
+
 class Endless(BlackjackEnv):
-    """Never says done: every move is answered with the same hand."""
+    """Never says done: every move is answered with the same hand.
+
+    The answer reads like a real hit's, so the warm policy (trained on Blackjack transcripts)
+    stays on familiar ground and keeps calling tools until a limit ends the episode.
+    """
 
     @tool
     def hit(self) -> ToolResult:
         """Take another card."""
-        return ToolResult(content="Nothing happens. Your cards: 10, 2 (total 12).")
+        return ToolResult(content=STUCK)
 
     @tool
     def stand(self) -> ToolResult:
         """End your turn."""
-        return ToolResult(content="Nothing happens. Your cards: 10, 2 (total 12).")
+        return ToolResult(content=STUCK)
 
 
 class Slow(BlackjackEnv):
@@ -296,14 +326,14 @@ async def play(harness, env, policy, seed=1) -> Trajectory:
         return await harness.run(env, Task(id="limits", seed=seed), policy=policy)
 
 
-async def test_limits_end_episodes_as_truncated(warm_server, client, renderer, tokenizer):
+async def test_limits_end_episodes_as_truncated(warm_server, client, renderer):
     greedy = SamplingParams(max_tokens=32, temperature=0.0)
     schemas = [t.schema() for t in Endless().tools()]
 
     h = ToolCallingHarness(renderer, client, greedy, system_prompt=SYSTEM_PROMPT,
                            limits=EpisodeLimits(max_turns=3))  # fmt: skip
     traj = await play(h, Endless(), warm_server.warm)
-    check_exact(traj, client, tokenizer, schemas)
+    check_exact(traj, client, renderer, schemas)
     assert (traj.status, traj.info["stop_reason"], len(traj.turns)) == (
         Status.TRUNCATED, StopReason.MAX_TURNS, 3,
     )  # fmt: skip
@@ -318,7 +348,7 @@ async def test_limits_end_episodes_as_truncated(warm_server, client, renderer, t
     h = ToolCallingHarness(renderer, client, greedy, system_prompt=SYSTEM_PROMPT,
                            limits=EpisodeLimits(max_total_tokens=first + 20))  # fmt: skip
     traj = await play(h, Endless(), warm_server.warm)
-    check_exact(traj, client, tokenizer, schemas)
+    check_exact(traj, client, renderer, schemas)
     assert (traj.status, traj.info["stop_reason"]) == (
         Status.TRUNCATED, StopReason.MAX_TOTAL_TOKENS,
     )  # fmt: skip
@@ -332,6 +362,48 @@ async def test_limits_end_episodes_as_truncated(warm_server, client, renderer, t
         traj = await play(h, Slow(), warm_server.warm)
     assert (traj.status, traj.info["stop_reason"]) == (Status.TRUNCATED, StopReason.WALL_CLOCK)
     assert len(traj.turns) == 1
+
+
+class Paying(Endless):
+    """Never says done, and pays 0.5 for every move."""
+
+    @tool
+    def hit(self) -> ToolResult:
+        """Take another card."""
+        return ToolResult(content="Nothing happens. Your cards: 10, 2 (total 12).", reward=0.5)
+
+    @tool
+    def stand(self) -> ToolResult:
+        """End your turn."""
+        return ToolResult(content="Nothing happens. Your cards: 10, 2 (total 12).", reward=0.5)
+
+
+async def test_truncated_episodes_are_scored_by_the_reward_policy(warm_server, client, renderer):
+    """Greedy sampling plays the same episode under each policy: only the score differs.
+    One turn, so only the warm start's first (reliably well-formed) call is needed."""
+    greedy = SamplingParams(max_tokens=32, temperature=0.0)
+    outcomes = {}
+    for name, truncated in (
+        ("kept", TruncationReward()),
+        ("capped", TruncationReward(at_most=0.25)),
+        ("flat", TruncationReward(reward=-1.0)),
+    ):
+        h = ToolCallingHarness(renderer, client, greedy, system_prompt=SYSTEM_PROMPT,
+                               limits=EpisodeLimits(max_turns=1),
+                               rewards=RewardPolicy(truncated=truncated))  # fmt: skip
+        traj = await play(h, Paying(), warm_server.warm)
+        assert (traj.status, traj.info["stop_reason"]) == (Status.TRUNCATED, StopReason.MAX_TURNS)
+        assert traj.metrics["tool_calls"] == 1
+        outcomes[name] = (traj.info["tool_reward"], traj.reward)
+    assert outcomes == {"kept": (0.5, 0.5), "capped": (0.5, 0.25), "flat": (0.5, -1.0)}
+
+    # Cut off in the first completion: no tool paid, so the unpaid policy decides.
+    h = ToolCallingHarness(renderer, client, greedy.model_copy(update={"max_tokens": 4}),
+                           system_prompt=SYSTEM_PROMPT,
+                           rewards=RewardPolicy(unpaid=UnpaidReward(reward=-0.25)))  # fmt: skip
+    traj = await play(h, Paying(), warm_server.warm)
+    assert (traj.status, traj.info["stop_reason"]) == (Status.TRUNCATED, StopReason.MAX_NEW_TOKENS)
+    assert (traj.info["tool_reward"], traj.reward) == (None, -0.25)
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,23 @@ def test_a_completion_whose_counts_differ_is_refused():
         client._completion(answer, "m", ref)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_logprob_is_refused_before_it_is_recorded(bad):
+    ref = PolicyRef(uri="file:///p/0", version=0)
+    client = VLLMClient("http://127.0.0.1:1", "m", policy=ref)
+    answer = {
+        "choices": [
+            {
+                "token_ids": [5, 6],
+                "logprobs": {"tokens": None, "token_logprobs": [-1.0, bad]},
+                "finish_reason": "stop",
+            }
+        ]
+    }
+    with pytest.raises(PolicyResponseError, match=r"logprob 1 is .*not a finite number"):
+        client._completion(answer, "m", ref)
+
+
 async def test_refused_connections_fail_over_to_a_live_engine(policy_server):
     dead = dead_url()
     async with VLLMClient([dead, policy_server.url], "policy-0", retry=FAST_RETRY) as client:

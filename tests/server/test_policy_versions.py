@@ -102,8 +102,12 @@ async def test_two_versions_served_at_once(
             with pytest.raises(PolicyResponseError, match="already loaded") as e:
                 await load_lora_adapter(client, "policy-1", v1)
             assert e.value.status == 400
-            with pytest.raises(PolicyResponseError, match="not a published policy"):
+            with pytest.raises(PolicyResponseError, match="is outside the directories"):
                 await load_lora_adapter(client, "junk", v1, path=second_model_dir)
+            inside = state / "not-published"
+            inside.mkdir()
+            with pytest.raises(PolicyResponseError, match="not a published policy"):
+                await load_lora_adapter(client, "junk", v1, path=inside)
 
             await unload_lora_adapter(client, "policy-0")
             with pytest.raises(PolicyResponseError, match="no policy named 'policy-0'"):

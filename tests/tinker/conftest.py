@@ -17,9 +17,15 @@ ENV = ("TINKER_API_KEY", "TINKER_BASE_URL", "TINKER_TELEMETRY")
 
 
 @pytest.fixture(scope="session")
-def tinker_url(tiny_model_dir: Path, tmp_path_factory) -> Iterator[str]:
+def tinker_root(tmp_path_factory) -> Path:
+    """Where the shared server keeps its log and `state/` (its op logs: `tinker_url`)."""
+    return tmp_path_factory.mktemp("tinker-server")
+
+
+@pytest.fixture(scope="session")
+def tinker_url(tiny_model_dir: Path, tinker_root: Path) -> Iterator[str]:
     """The base URL of a server whose Tinker API serves the tiny model as `MODEL_NAME`."""
-    root = tmp_path_factory.mktemp("tinker-server")
+    root = tinker_root
     argv = testing.plies_command(
         "serve", str(tiny_model_dir), "--state-dir", str(root / "state"),
         "--threads", "1", "--model-name", MODEL_NAME,

@@ -147,3 +147,34 @@ def test_unload_model_frees_one_tenant_and_leaves_the_other(tinker_url, new_tena
     # The run and its checkpoints outlive the tenant.
     checkpoints = tinker.RestClient().list_checkpoints(dropped.model_id).result().checkpoints
     assert [c.checkpoint_id for c in checkpoints] == ["weights/kept-on-disk"]
+
+
+def test_unnamed_sampler_snapshots_are_pruned_to_the_newest_few(new_tenant, tinker_root):
+    from plies.server._tinker._samplers import KEEP_UNNAMED
+
+    tc = new_tenant(seed=6)
+    policies = tinker_root / "state" / "tinker" / tc.model_id.replace(":", "_") / "policies"
+    prompt = types.ModelInput.from_ints(SEQ[:6])
+    params = types.SamplingParams(max_tokens=2, seed=0)
+
+    def samples(sampler) -> bool:
+        return len(sampler.sample(prompt, 1, params).result().sequences[0].tokens) == 2
+
+    named_path = tc.save_weights_for_sampler("kept").result().path
+    named = tc.create_sampling_client(named_path).result()
+    unnamed = [tc.save_weights_and_get_sampling_client().result() for _ in range(KEEP_UNNAMED + 2)]
+    # One model copy per snapshot on disk: the named one and the newest unnamed ones.
+    assert len([p for p in policies.iterdir() if p.name.isdigit()]) == 1 + KEEP_UNNAMED
+    for old in unnamed[:2]:
+        with pytest.raises(tinker.BadRequestError, match="unnamed sampler snapshot that was"):
+            old.sample(prompt, 1, params).result()
+    assert all(samples(s) for s in [named, *unnamed[2:]])
+    # A deleted name makes its snapshot unnamed, and the oldest: it goes at once.
+    tinker.RestClient().delete_checkpoint_from_tinker_path(named_path).result()
+    with pytest.raises(tinker.BadRequestError, match="was deleted"):
+        named.sample(prompt, 1, params).result()
+    newest = tc.save_weights_and_get_sampling_client().result()
+    with pytest.raises(tinker.BadRequestError, match="was deleted"):
+        unnamed[2].sample(prompt, 1, params).result()
+    assert samples(newest) and samples(unnamed[3])
+    assert len([p for p in policies.iterdir() if p.name.isdigit()]) == KEEP_UNNAMED

@@ -6,12 +6,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import socket
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import tinker
 from tinker import types
@@ -171,3 +175,94 @@ def test_kill_9_mid_forward_backward_and_mid_optim_step_applies_every_step_once(
         expected.append(ref.forward(DATA, "cross_entropy").result().metrics["loss:sum"])
     assert [*losses, final] == pytest.approx(expected, abs=1e-5)
     assert expected[-1] < expected[0]
+
+
+KILLS = int(os.environ.get("PLIES_TINKER_KILLS", "4"))
+"""Kills per run of the random-kill test: 4 in CI (each restart costs a server start, about
+10 to 30 s on a laptop); `PLIES_TINKER_KILLS=20` is the issue's full run."""
+
+
+def _phase(server: Restartable, model_id: str) -> str:
+    """Where the tenant's op log stood when the server died: an op accepted and not yet
+    settled (which kind), or none in flight."""
+    submitted, settled = {}, set()
+    for r in server.journal(model_id):
+        if r["event"] == "submit":
+            submitted[r["seq"]] = r["kind"]
+        else:
+            settled.add(r["seq"])
+    open_ops = sorted(set(submitted) - settled)
+    return f"mid {submitted[open_ops[0]]}" if open_ops else "between ops"
+
+
+@pytest.mark.timeout(120 + 60 * KILLS)
+def test_kill_9_at_random_moments_of_an_sdk_training_loop(server, monkeypatch):
+    """A killer thread SIGKILLs the server `KILLS` times at random moments while the SDK
+    trains; the run finishes through the SDK's own retries, and its losses equal an
+    uninterrupted run's step for step (a step applied twice or lost would shift them)."""
+    monkeypatch.setenv("TINKER_API_KEY", "tml-local")
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    seed = int(os.environ.get("PLIES_TINKER_KILL_SEED", str(int(time.time()))))
+    rng = random.Random(seed)
+    tally: Counter[str] = Counter()
+    started = time.monotonic()
+    with tinker.ServiceClient(base_url=server.url) as client:
+        tc = client.create_lora_training_client(base_model=MODEL_NAME, rank=4, seed=5).result()
+        model_id = tc.model_id
+
+        def killer() -> None:
+            for _ in range(KILLS):
+                # Once the SDK is back at work (a new op in the log since the restart), at a
+                # random moment of its loop.
+                seen = len(server.journal(model_id))
+                deadline = time.monotonic() + 120
+                while len(server.journal(model_id)) <= seen + 1:
+                    assert time.monotonic() < deadline, "the SDK never came back"
+                    time.sleep(0.05)
+                time.sleep(rng.uniform(0.0, 1.5))
+                tally[_phase(server, model_id)] += 1
+                server.kill()
+                server.start()
+
+        losses: list[float] = []
+
+        def step() -> None:
+            fb = tc.forward_backward(DATA, "cross_entropy")
+            opt = tc.optim_step(ADAM)
+            losses.append(fb.result().metrics["loss:sum"])
+            opt.result()
+
+        step()
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        while thread.is_alive() and len(losses) < 500:
+            step()
+        thread.join()
+        step()  # the run goes on after the last restart
+        final = tc.forward(DATA, "cross_entropy").result().metrics["loss:sum"]
+
+        ref = client.create_lora_training_client(base_model=MODEL_NAME, rank=4, seed=5).result()
+        expected: list[float] = []
+        for _ in losses:
+            fb = ref.forward_backward(DATA, "cross_entropy")
+            ref.optim_step(ADAM).result()
+            expected.append(fb.result().metrics["loss:sum"])
+        expected_final = ref.forward(DATA, "cross_entropy").result().metrics["loss:sum"]
+    got, want = np.array([*losses, final]), np.array([*expected, expected_final])
+    same = np.isclose(got, want, atol=1e-5, rtol=0)
+    # A step applied twice makes later losses run one step ahead of the reference, a lost
+    # one one step behind.
+    twice = sum(
+        1 for i in range(len(got) - 1) if not same[i] and np.isclose(got[i], want[i + 1], atol=1e-5)
+    )
+    lost = sum(
+        1 for i in range(1, len(got)) if not same[i] and np.isclose(got[i], want[i - 1], atol=1e-5)
+    )
+    print(
+        f"\nkill -9 tally (seed {seed}): {KILLS} kills ({dict(tally)}), {len(losses)} steps, "
+        f"{int((~same).sum())} losses differ, {twice} applied twice, {lost} lost, "
+        f"{server.starts} server starts, {time.monotonic() - started:.0f} s"
+    )
+    assert sum(tally.values()) == KILLS and server.starts == KILLS + 1
+    assert same.all() and twice == 0 and lost == 0, (got, want)
+    assert want[-1] < want[0]

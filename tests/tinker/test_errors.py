@@ -40,8 +40,12 @@ def _raw_request(model_id: str, n_datums: int) -> bytes:
 
 
 def test_refusals_through_the_sdk_name_the_problem(training):
-    with pytest.raises(tinker.BadRequestError, match="supported: cross_entropy"):
-        training.forward_backward([datum(TOKENS)], "cispo").result()
+    rl = {"logprobs": [-1.0] * 5, "advantages": [1.0] * 5}
+    for loss in ("gspo", "stable_reinforce"):
+        with pytest.raises(tinker.BadRequestError, match=r"supported: cross_entropy.*cispo, dro"):
+            training.forward_backward([datum(TOKENS, **rl)], loss).result()
+    with pytest.raises(tinker.BadRequestError, match="dro needs loss_fn_config"):
+        training.forward_backward([datum(TOKENS, **rl)], "dro").result()
     with pytest.raises(tinker.BadRequestError, match="outside the vocabulary"):
         training.forward_backward([datum([*TOKENS, 10**6])], "cross_entropy").result()
     nan = [float("nan")] * 5
@@ -96,3 +100,18 @@ def test_optim_step_never_steps_on_a_non_finite_loss_or_gradient_norm(training):
     training.forward_backward(data, "cross_entropy").result()
     training.optim_step(adam).result()  # the next finite step runs, on its own gradients only
     assert training.forward(data, "cross_entropy").result().metrics["loss:sum"] < before
+
+
+def test_sampling_options_out_of_range_or_unsupported_are_refused(service, model_name):
+    sampler = service.create_sampling_client(base_model=model_name).result()
+    prompt = types.ModelInput.from_ints(TOKENS)
+    params = types.SamplingParams(max_tokens=1)
+    cases = [
+        ({"include_prompt_logprobs": True, "topk_prompt_logprobs": 65}, "outside \\[0, 64\\]"),
+        ({"topk_sample_logprobs": 2}, "topk_sample_logprobs are not supported"),
+    ]
+    for options, message in cases:
+        with pytest.raises(tinker.BadRequestError, match=message):
+            sampler.sample(prompt, 1, params, **options).result()
+    got = sampler.sample(prompt, 1, params, include_prompt_logprobs=True).result()
+    assert got.prompt_logprobs[0] is None and len(got.prompt_logprobs) == len(TOKENS)

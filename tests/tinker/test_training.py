@@ -57,7 +57,7 @@ def _reference_logprobs(model, tokens: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens[1:])[:, None])[:, 0]
 
 
-@pytest.mark.parametrize("loss", ["importance_sampling", "ppo"])
+@pytest.mark.parametrize("loss", ["importance_sampling", "ppo", "cispo", "dro"])
 def test_policy_gradient_losses_match_an_independent_torch_computation(
     new_tenant, base_model, loss
 ):
@@ -73,7 +73,11 @@ def test_policy_gradient_losses_match_an_independent_torch_computation(
         adv = torch.tensor(rng.normal(0, 1, t) * (rng.random(t) > 0.3)).float()
         data.append(datum(tokens, logprobs=q.tolist(), advantages=adv.tolist()))
         refs.append((lp, q.double(), adv.double()))
-    config = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1} if loss == "ppo" else None
+    config = {
+        "ppo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
+        "cispo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
+        "dro": {"beta": 0.5},
+    }.get(loss)
     out = tc.forward_backward(data, loss, config).result()
     expected = 0.0
     for (lp, q, adv), got in zip(refs, out.loss_fn_outputs, strict=True):
@@ -81,9 +85,13 @@ def test_policy_gradient_losses_match_an_independent_torch_computation(
         ratio = torch.exp(lp - q)
         if loss == "importance_sampling":
             expected += float(-(ratio * adv).sum())
-        else:
+        elif loss == "ppo":
             clipped = ratio.clamp(0.9, 1.1)
             expected += float(-torch.minimum(ratio * adv, clipped * adv).sum())
+        elif loss == "cispo":
+            expected += float(-(ratio.clamp(0.9, 1.1) * lp * adv).sum())
+        else:
+            expected += float(-(lp * adv - 0.25 * (lp - q) ** 2).sum())
     assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-4)
 
 
@@ -143,3 +151,39 @@ def test_a_tenants_losses_do_not_depend_on_a_busy_neighbour(new_tenant):
         step(busy, 1.0)
     np.testing.assert_allclose(losses_beside, losses_alone, atol=1e-4)
     assert losses_alone[-1] < losses_alone[0]
+
+
+def test_prompt_logprobs_equal_the_trainers_forward_logprobs(new_tenant):
+    tc = new_tenant(seed=4)
+    for _ in range(3):  # off the base model, so the sampler must use the snapshot
+        tc.forward_backward([datum(SEQ, weights=[1.0] * 14)], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=5e-2))
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    trainer = tc.forward([datum(SEQ)], "cross_entropy").result()
+    trainer_lp = trainer.loss_fn_outputs[0]["logprobs"].to_numpy()
+    prompt = types.ModelInput.from_ints(SEQ)
+    got = sampler.compute_logprobs(prompt).result()
+    assert len(got) == len(SEQ) and got[0] is None
+    np.testing.assert_allclose(np.array(got[1:], dtype=float), trainer_lp, atol=2e-3)
+    tail = sampler.compute_logprobs(prompt, prompt_logprobs_last_n=4).result()
+    assert tail[:-4] == [None] * (len(SEQ) - 4)
+    np.testing.assert_allclose(tail[-4:], got[-4:], atol=1e-6)
+
+
+def test_topk_prompt_logprobs_match_the_model(service, model_name, base_model):
+    sampler = service.create_sampling_client(base_model=model_name).result()
+    out = sampler.sample(
+        types.ModelInput.from_ints(SEQ), 1, types.SamplingParams(max_tokens=2, seed=0),
+        include_prompt_logprobs=True, topk_prompt_logprobs=5,
+    ).result()  # fmt: skip
+    assert len(out.sequences) == 1 and len(out.sequences[0].tokens) == 2
+    with torch.no_grad():
+        logp = torch.log_softmax(base_model(torch.tensor([SEQ])).logits[0, :-1].double(), -1)
+    values, index = logp.topk(5, dim=-1)
+    topk = out.topk_prompt_logprobs
+    assert len(topk) == len(SEQ) and topk[0] is None
+    for row, ids, lps in zip(topk[1:], index.tolist(), values.tolist(), strict=True):
+        assert [t for t, _ in row] == ids
+        np.testing.assert_allclose([lp for _, lp in row], lps, atol=1e-4)
+    expected = logp.gather(1, torch.tensor(SEQ[1:])[:, None])[:, 0].numpy()
+    np.testing.assert_allclose(out.prompt_logprobs[1:], expected, atol=1e-4)

@@ -140,12 +140,20 @@ class Outcome:
     def __init__(self) -> None:
         self.turns = 0
         self.incremental = 0
+        """Turns built on the incremental path: previous prompt + completion + a delta."""
         self.fallbacks: dict[str, int] = {}
+        """Full renders after the first prompt, by reason (whether or not they extended)."""
+        self.rendered_extends = 0
+        """Full renders that started with the previous prompt + completion: same segment."""
+        self.needless: dict[str, int] = {}
+        """Full renders that started a new segment although they began with the previous
+        prompt + completion: what the renderer must never do."""
         self.stopped: str | None = None
 
     def __repr__(self) -> str:
         return (
             f"turns={self.turns} incremental={self.incremental} fallbacks={self.fallbacks} "
+            f"rendered_extends={self.rendered_extends} needless={self.needless} "
             f"stopped={self.stopped!r}"
         )
 
@@ -153,7 +161,8 @@ class Outcome:
 def play(
     tok: Any, renderer: Any, episode: dict[str, Any], template_kwargs: dict[str, Any], close_id: int
 ) -> Outcome:
-    """Drive a conversation and assert, at every turn, prompt == full apply_chat_template render.
+    """Drive a conversation and assert, at every turn, prompt == full apply_chat_template render
+    with the template the renderer uses (`renderer.chat_template`, maybe a TRL training variant).
 
     Completions are the template's own ids for each assistant message: what the full render of
     the history plus that message puts after the generation prompt, through the close token
@@ -171,6 +180,7 @@ def play(
             add_generation_prompt=generation_prompt,
             tokenize=True,
             return_dict=False,
+            chat_template=renderer.chat_template,
             **template_kwargs,
         )
 
@@ -222,13 +232,19 @@ def play(
         assert got == expected, f"turn {k}: silent divergence (delta {conv.delta})"
         delta = conv.delta
         out.turns += 1
-        if delta.extends:
-            assert [*prev, *completion, *delta.ids] == got
+        if delta.fallback is None:
+            assert delta.extends and all(f.turn != k for f in conv.fallbacks)
             out.incremental += 1
         else:
-            assert delta.fallback is not None and delta.ids == got
             assert conv.fallbacks[-1] is delta.fallback and delta.fallback.turn == k
             reason = str(delta.fallback.reason)
             out.fallbacks[reason] = out.fallbacks.get(reason, 0) + 1
+        if delta.extends:
+            assert [*prev, *completion, *delta.ids] == got
+            out.rendered_extends += delta.fallback is not None
+        else:
+            assert delta.fallback is not None and delta.ids == got
+            if got[: len(prev) + len(completion)] == [*prev, *completion]:
+                out.needless[reason] = out.needless.get(reason, 0) + 1
         prev = list(got)
     return out

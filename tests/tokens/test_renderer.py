@@ -51,18 +51,111 @@ def training_tok(qwen3_tokenizer_dir):
     return t
 
 
+@pytest.mark.parametrize("mode", ["model", "auto"])
 @pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}], ids=["default", "nothink"])
-def test_qwen3_episodes_match_full_render(tok, kwargs):
-    renderer = ChatRenderer(tok, template_kwargs=kwargs)
+def test_qwen3_episodes_match_full_render(tok, kwargs, mode):
+    renderer = ChatRenderer(tok, template_kwargs=kwargs, template=mode)
     for episode in (tool_episode(), chat_episode()):
         out = play(tok, renderer, episode, kwargs, IM_END)
         assert out.stopped is None and out.turns == len(episode["steps"])
-    if kwargs:  # the non-thinking prefill is dropped from history: never extended
-        assert set(out.fallbacks) == {"prefill_dropped"}
+        assert out.needless == {}
+    if mode == "model" and kwargs:  # the non-thinking prefill is dropped from history
+        assert set(out.fallbacks) == {"prefill_dropped"} and out.incremental == 0
+    if mode == "auto" and not kwargs:  # TRL's variant keeps every think block: all incremental
+        assert out.fallbacks == {} and out.incremental == out.turns
+
+
+BLACKJACK_TOOLS = [
+    {"type": "function", "function": {"name": name, "description": f"{name} the hand."}}
+    for name in ("hit", "stand")
+]
+
+
+def _blackjack_like(renderer, tok, hands: int) -> list[list]:
+    """Hands of hit/stand tool rounds sampled as Qwen3 without thinking samples them (after
+    the `<think>\n\n</think>\n\n` prefill): each later turn's delta, parsed, not given."""
+    deltas = []
+    for hand in range(hands):
+        conv = renderer.start(
+            [SYSTEM, user(f"Hand {hand}: you hold 12, the dealer shows 7.")], tools=BLACKJACK_TOOLS
+        )
+        conv.render()
+        per_hand = []
+        for k in range(1 + hand % 4):
+            name = "stand" if k == hand % 4 else "hit"
+            text = f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n</tool_call><|im_end|>'
+            parsed = conv.add_completion(tok.encode(text, add_special_tokens=False))
+            assert [c["function"]["name"] for c in parsed.tool_calls] == [name]
+            conv.add_messages([tool(name, f"you drew a {k + 2}; total {14 + k}")])
+            expected = tok.apply_chat_template(
+                conv.messages,
+                tools=BLACKJACK_TOOLS,
+                chat_template=renderer.chat_template,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                enable_thinking=False,
+            )
+            assert conv.render() == expected  # against the template in use
+            per_hand.append(conv.delta)
+        deltas.append(per_hand)
+    return deltas
+
+
+def test_qwen3_nothink_tool_episodes_extend_under_auto(tok, caplog):
+    """The main job's setting: Qwen3's template, enable_thinking=False, tool rounds."""
+    nothink = {"enable_thinking": False}
+    with caplog.at_level("INFO", logger="plies.tokens"):
+        auto = ChatRenderer(tok, tools=BLACKJACK_TOOLS, template_kwargs=nothink)
+    assert (auto.choice.source, auto.choice.name) == ("trl", "qwen3_training")
+    assert [r.getMessage() for r in caplog.records if "qwen3_training" in r.getMessage()] == [
+        f"rendering with TRL's qwen3_training chat template (sha256:{auto.choice.sha256[:12]}): "
+        "the model's template is not prefix-preserving (TRL's check)"
+    ]
+    later = [d for hand in _blackjack_like(auto, tok, 12) for d in hand]
+    assert len(later) == 30 and all(d.extends and d.fallback is None for d in later)
+
+    model = ChatRenderer(tok, tools=BLACKJACK_TOOLS, template_kwargs=nothink, template="model")
+    later = [d for hand in _blackjack_like(model, tok, 12) for d in hand]
+    assert {(d.extends, d.fallback.reason) for d in later} == {
+        (False, FallbackReason.PREFILL_DROPPED)
+    }
+
+
+def test_template_modes_are_checked(tok):
+    assert ChatRenderer(tok, template="training").choice.name == "qwen3_training"
+    model = ChatRenderer(tok, template="model")
+    assert model.chat_template == tok.chat_template and model.choice.name == "qwen3"
+    with pytest.raises(ConfigError, match="template='newest' is not one of"):
+        ChatRenderer(tok, template="newest")
+    gemma4 = AutoTokenizer.from_pretrained(tok.name_or_path)
+    gemma4.chat_template = (TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"no training variant .*\(gemma4\).*template='model'"):
+        ChatRenderer(gemma4, template="training")
+    assert ChatRenderer(gemma4).choice.source == "model"
+
+
+def test_a_full_render_that_extends_keeps_the_segment(qwen3_tokenizer_dir):
+    """Qwen2.5-VL's template never renders tools: a changed key re-renders, yet extends."""
+    t = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
+    t.chat_template = (TEMPLATES / "qwen2_5_vl.jinja").read_text(encoding="utf-8")
+    renderer = ChatRenderer(t, tools=[WEATHER])
+    conv = renderer.start([user("hi")])
+    first = list(conv.prompt_ids)
+    ids = t.encode("hello<|im_end|>", add_special_tokens=False)
+    conv.add_completion(ids, message=assistant("hello"))
+    conv.set_tools([WEATHER, SEARCH])
+    conv.add_messages([user("more")])
+    assert conv.prompt_ids == full(t, conv.messages, [WEATHER, SEARCH])
+    assert conv.prompt_ids[: len(first) + len(ids)] == first + ids
+    d = conv.delta
+    assert d.extends and d.fallback is not None and d.fallback.reason is FallbackReason.KEY_CHANGED
+    assert conv.fallbacks == [d.fallback]
+    assert d.ids == conv.prompt_ids[len(first) + len(ids) :]
 
 
 def test_qwen3_reasoning_stripping_is_a_recorded_fallback(tok):
-    renderer = ChatRenderer(tok)
+    renderer = ChatRenderer(tok, template="model")
     conv = renderer.start([user("q")])
     prompt = list(conv.prompt_ids)
     message = assistant("answer", "some reasoning")

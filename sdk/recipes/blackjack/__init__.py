@@ -15,11 +15,14 @@
    `MAX_STALENESS` steps ahead (staleness by pacing);
 5. evaluation on held-out deals (`evaluate`: the same seeds before and after, so the
    comparison is paired); metrics in `DIR/metrics.jsonl` (`RunLog`), then `DIR/summary.json`
-   and `DIR/learning_curve.png` (`write_summary`).
+   (95% intervals, the paired improvement, the strategy table), `DIR/learning_curve.png` and
+   `DIR/strategy.png` (`write_summary`).
 
 Modules: `config` (budgets, seeds, prompt, reference returns), `runlog`, `warm_start`,
 `rewards`, `state` (the `RunState` every phase receives), `evaluation`, `grpo`, `report`,
-`run` (servers, clients, pools, and the phases in order).
+`strategy` (the hit/stand grid per total and up card, and the exact optimum),
+`run` (servers, clients, pools, and the phases in order), `trainers` (`--trainer native` or
+`tinker`: plies' own wire, or the Tinker API's training and sampling clients).
 
 Resuming: everything that matters is in DIR. Completed groups are fsynced to
 `groups.jsonl` before training sees them; each step is announced in `metrics.jsonl`
@@ -50,15 +53,19 @@ from .evaluation import play_held_out as play_held_out
 from .grpo import grpo as grpo
 from .grpo import train_on as train_on
 from .report import plot_curve as plot_curve
+from .report import plot_strategy as plot_strategy
 from .report import write_summary as write_summary
 from .rewards import FORFEIT as FORFEIT
-from .rewards import Forfeiting as Forfeiting
+from .rewards import FORFEIT_REWARDS as FORFEIT_REWARDS
+from .rewards import harness_for_budget as harness_for_budget
 from .run import main as main
 from .run import openenv_server as openenv_server
 from .run import policy_server as policy_server
 from .runlog import RunLog as RunLog
 from .state import Interrupted as Interrupted
 from .state import RunState as RunState
+from .strategy import optimal_hits as optimal_hits
+from .strategy import strategy_table as strategy_table
 from .warm_start import tool_call_ids as tool_call_ids
 from .warm_start import train_step as train_step
 from .warm_start import transcripts as transcripts
@@ -69,6 +76,7 @@ __all__ = [
     "BUDGETS",
     "EVAL_SEEDS",
     "FORFEIT",
+    "FORFEIT_REWARDS",
     "MAX_STALENESS",
     "OPTIMAL_RETURN",
     "RANDOM_RETURN",
@@ -79,17 +87,20 @@ __all__ = [
     "Budget",
     "DemoConfig",
     "EvalResult",
-    "Forfeiting",
     "Interrupted",
     "RunLog",
     "RunState",
     "evaluate",
     "grpo",
+    "harness_for_budget",
     "main",
     "openenv_server",
+    "optimal_hits",
     "play_held_out",
     "plot_curve",
+    "plot_strategy",
     "policy_server",
+    "strategy_table",
     "tool_call_ids",
     "train_on",
     "train_step",

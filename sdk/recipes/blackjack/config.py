@@ -86,6 +86,9 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
 
 EnvName = Literal["local", "openenv"]
 SandboxName = Literal["none", "local", "e2b"]
+TrainerName = Literal["native", "tinker"]
+"""`native`: plies' training wire and vLLM-style sampling on the embedded `plies serve`;
+`tinker`: the Tinker API (its training and sampling clients) on that server or any service."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,9 @@ class DemoConfig:
     budget: str = "default"
     env: EnvName = "local"
     sandbox: SandboxName = "none"
+    trainer: TrainerName = "native"
+    tinker_url: str | None = None
+    """The Tinker service (`--tinker-url`); None: the embedded `plies serve`'s Tinker API."""
 
     def __post_init__(self) -> None:
         if self.budget not in BUDGETS:
@@ -107,9 +113,12 @@ class DemoConfig:
         for option, value, known in (
             ("env", self.env, get_args(EnvName)),
             ("sandbox", self.sandbox, get_args(SandboxName)),
+            ("trainer", self.trainer, get_args(TrainerName)),
         ):
             if value not in known:
                 raise ConfigError(f"unknown --{option} {value!r}; known: {', '.join(known)}")
+        if self.tinker_url is not None and self.trainer != "tinker":
+            raise ConfigError("--tinker-url is the service of --trainer tinker; add that")
         if self.env == "openenv" and self.sandbox != "none":
             raise ConfigError("--env openenv and --sandbox are alternatives; pick one")
         if self.out.exists() and not self.out.is_dir():
@@ -117,4 +126,9 @@ class DemoConfig:
 
     def key(self) -> dict[str, Any]:
         """What must match for a run directory to be resumed."""
-        return {"budget": self.budget, "env": self.env, "sandbox": self.sandbox}
+        return {
+            "budget": self.budget,
+            "env": self.env,
+            "sandbox": self.sandbox,
+            "trainer": self.trainer,
+        }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -10,13 +11,14 @@ import anyio
 
 from plies import AdmissionClosed, PolicyRef
 from plies.environments import Task
+from plies.harness import ToolCallingHarness
 from plies.runtime import GroupSpec, Interrupts, RolloutDriver, RolloutResources
 
 from .config import EVAL_SEEDS
-from .rewards import Forfeiting
 from .state import Interrupted, RunState
+from .strategy import Decision, decisions_of
 
-__all__ = ["EvalResult", "evaluate", "play_held_out"]
+__all__ = ["Z95", "EvalResult", "evaluate", "mean_stderr", "play_held_out"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +33,31 @@ class EvalResult:
     """Hands without a reward: an error of the system, not a move of the model."""
     stand_rate: float
     """Share of decisions that were `stand`."""
+    rewards: tuple[float | None, ...]
+    """Each held-out hand's reward by its index (None: failed), so two evaluations pair up."""
+    decisions: tuple[Decision, ...]
+    """Every hit/stand decision with the state it was taken in (the strategy grid's data)."""
+
+
+Z95 = 1.96
+"""A 95% normal-approximation interval is the mean +- Z95 standard errors."""
+
+
+def mean_stderr(values: list[float]) -> tuple[float, float]:
+    """The mean and its standard error (NaN where it cannot be estimated)."""
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan")
+    mean = sum(values) / n
+    if n == 1:
+        return mean, float("nan")
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var / n)
 
 
 async def play_held_out(
     resources: RolloutResources,
-    harness: Forfeiting,
+    harness: ToolCallingHarness,
     policy: PolicyRef,
     hands: int,
     concurrency: int,
@@ -46,7 +68,8 @@ async def play_held_out(
     Raises:
         Interrupted: Ctrl-C arrived; what was in flight settled first.
     """
-    rewards: list[float] = []
+    by_hand: list[float | None] = [None] * hands
+    seen: list[Decision] = []
     ill = failed = stands = decisions = 0
     async with RolloutDriver(
         resources, harness.play, policy=policy, max_groups_in_flight=concurrency
@@ -71,7 +94,8 @@ async def play_held_out(
                 if traj.reward is None:
                     failed += 1
                     continue
-                rewards.append(traj.reward)
+                by_hand[int(group.task_id.removeprefix("eval-"))] = traj.reward
+                seen.extend(decisions_of(traj))
                 ill += traj.info.get("stop_reason") == "ill_formed"
                 for turn in traj.turns:
                     calls = (turn.message or {}).get("tool_calls") or []
@@ -79,8 +103,12 @@ async def play_held_out(
                     stands += sum(c["function"]["name"] == "stand" for c in calls)
     if interrupts.count:
         raise Interrupted
+    rewards = [r for r in by_hand if r is not None]
     mean = sum(rewards) / len(rewards) if rewards else float("nan")
-    return EvalResult(mean, len(rewards), ill, failed, stands / decisions if decisions else 0.0)
+    return EvalResult(
+        mean, len(rewards), ill, failed, stands / decisions if decisions else 0.0,
+        tuple(by_hand), tuple(seen),
+    )  # fmt: skip
 
 
 async def evaluate(
@@ -98,9 +126,12 @@ async def evaluate(
         "eval", label=label, step=step, policy=policy.version, seconds=time.monotonic() - t0,
         **{"return": result.mean_return}, hands=result.hands, ill_formed=result.ill_formed,
         failed=result.failed, stand_rate=result.stand_rate,
+        stderr=mean_stderr([r for r in result.rewards if r is not None])[1],
+        rewards=list(result.rewards), decisions=[list(d) for d in result.decisions],
     )  # fmt: skip
     run.console.print(
-        f"eval \\[{label}] step {step}: return {result.mean_return:+.3f} over {result.hands} "
+        f"eval \\[{label}] step {step}: return {result.mean_return:+.3f} "
+        f"± {Z95 * record['stderr']:.3f} (95% CI) over {result.hands} "
         f"hands (ill-formed {result.ill_formed}, stand rate {result.stand_rate:.2f}, "
         f"{record['seconds']:.0f}s)"
     )

@@ -16,9 +16,9 @@ import anyio
 
 from plies import AdmissionClosed, Group, PolicyRef
 from plies.environments import Task
-from plies.policy import VLLMClient, unload_lora_adapter
+from plies.policy import TinkerPolicyClient, VLLMClient, unload_lora_adapter
 from plies.runtime import GroupSpec, JsonlSink, LiveProgress, RolloutDriver, read_groups
-from plies.training import TrainingClient, grpo_advantages, training_batch, training_groups
+from plies.training import Trainer, grpo_advantages, training_batch, training_groups
 from plies.wire import served_name
 
 from .config import MAX_STALENESS, TRAIN_SEEDS, Budget
@@ -30,7 +30,7 @@ __all__ = ["grpo", "train_on"]
 
 
 async def train_on(
-    trainer: TrainingClient, step: int, groups: list[Group], policy: PolicyRef, budget: Budget
+    trainer: Trainer, step: int, groups: list[Group], policy: PolicyRef, budget: Budget
 ) -> tuple[PolicyRef | None, dict[str, Any]]:
     """One GRPO step on `groups`: check, advantages, importance sampling, save.
 
@@ -176,12 +176,17 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
     run.stop_if_interrupted()
 
 
-async def _unload_unused(client: VLLMClient, served: set[int], policy: PolicyRef) -> None:
+async def _unload_unused(
+    client: VLLMClient | TinkerPolicyClient, served: set[int], policy: PolicyRef
+) -> None:
     """Stop serving versions no admitted group can still sample from (memory stays flat).
 
     Groups in flight are at most `MAX_STALENESS` steps behind the newest policy: the driver
-    admits at most that many steps' worth of groups ahead of training.
+    admits at most that many steps' worth of groups ahead of training. A Tinker sampler
+    holds nothing here (the service keeps the weights), so there is nothing to unload.
     """
+    if isinstance(client, TinkerPolicyClient):
+        return
     for version in sorted(v for v in served if v < policy.version - MAX_STALENESS):
         await unload_lora_adapter(client, served_name(version))
         served.discard(version)

@@ -1,37 +1,83 @@
-"""The run's outputs for people: `summary.json` and `learning_curve.png`, from the run log."""
+"""The run's outputs for people: `summary.json`, `learning_curve.png` and `strategy.png`.
+
+Everything comes from the run log, so a resumed run's summary covers all its sessions.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from .config import ALWAYS_STAND_RETURN, OPTIMAL_RETURN, RANDOM_RETURN, DemoConfig
+from .evaluation import Z95, mean_stderr
 from .runlog import RunLog
+from .strategy import HARD_TOTALS, SOFT_TOTALS, UP_CARDS, optimal_hits, strategy_table
 
-__all__ = ["plot_curve", "write_summary"]
+__all__ = [
+    "paired_improvement",
+    "plot_curve",
+    "plot_strategy",
+    "result_lines",
+    "write_summary",
+]
+
+
+def _interval(mean: float, stderr: float) -> list[float] | None:
+    """The 95% interval [low, high], or None where the standard error is unknown."""
+    if not (math.isfinite(mean) and math.isfinite(stderr)):
+        return None
+    return [round(mean - Z95 * stderr, 4), round(mean + Z95 * stderr, 4)]
+
+
+def _eval_interval(record: dict[str, Any] | None) -> list[float] | None:
+    return None if record is None else _interval(record["return"], record.get("stderr", math.nan))
+
+
+def paired_improvement(
+    before: list[float | None], after: list[float | None]
+) -> tuple[float, float, int]:
+    """Mean of after - before over the hands both evaluations scored, its standard error, and
+    how many hands paired: the same deals, so deal luck cancels out of the difference."""
+    diffs = [b - a for a, b in zip(before, after, strict=False) if a is not None and b is not None]
+    mean, stderr = mean_stderr(diffs)
+    return mean, stderr, len(diffs)
 
 
 def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, Any]:
-    """Write `summary.json` and the learning curve; `seconds` is the run's total wall time.
-
-    Everything comes from the run log, so a resumed run's summary covers all its sessions.
-    """
+    """Write `summary.json`, the learning curve and the strategy grid; `seconds`: wall time."""
     evals = log.all("eval")
     warm = next((e for e in evals if e["label"] == "warm_start"), None)
     final = next((e for e in evals if e["label"] == "final"), None)
     steps = log.all("step")
     warm_start = log.last("warm_start")
+    improvement: float | None = None
+    improvement_ci: list[float] | None = None
+    paired = 0
+    if warm and final and "rewards" in warm and "rewards" in final:
+        mean, stderr, paired = paired_improvement(warm["rewards"], final["rewards"])
+        if paired:
+            improvement, improvement_ci = round(mean, 4), _interval(mean, stderr)
+    latest = final or warm
     summary = {
         "config": config.key(),
         "warm_start_return": warm["return"] if warm else None,
+        "warm_start_ci95": _eval_interval(warm),
         "final_return": final["return"] if final else None,
-        "improvement": (final["return"] - warm["return"]) if warm and final else None,
-        "eval_hands": final["hands"] if final else (warm["hands"] if warm else 0),
+        "final_ci95": _eval_interval(final),
+        "improvement": improvement,
+        "improvement_ci95": improvement_ci,
+        "paired_hands": paired,
+        "eval_hands": latest["hands"] if latest else 0,
         "ill_formed": {
             "warm_start": warm["ill_formed"] if warm else None,
             "final": final["ill_formed"] if final else None,
+        },
+        "stand_rate": {
+            "warm_start": warm["stand_rate"] if warm else None,
+            "final": final["stand_rate"] if final else None,
         },
         "minutes": round(seconds / 60, 2),
         "policies": len(
@@ -43,25 +89,68 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
         "references": {
             "random": RANDOM_RETURN, "always_stand": ALWAYS_STAND_RETURN, "optimal": OPTIMAL_RETURN,
         },
+        "strategy": None,
     }  # fmt: skip
+    if latest is not None and "decisions" in latest:
+        summary["strategy"] = {
+            "policy": "final" if final else "warm_start",
+            "how": "hit share of the held-out evaluation's decisions, per cell",
+            **strategy_table(tuple(d) for d in latest["decisions"]),
+        }
+        plot_strategy(summary["strategy"], config.out / "strategy.png")
     (config.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_curve(evals, config.out / "learning_curve.png")
     return summary
 
 
+def result_lines(summary: dict[str, Any], out: Path) -> list[str]:
+    """What the terminal shows at the end: the paired before/after result and the files."""
+
+    def ret(value: float | None, ci: list[float] | None) -> str:
+        if value is None:
+            return "not evaluated"
+        return f"{value:+.3f}" + (f" (95% CI {ci[0]:+.3f} to {ci[1]:+.3f})" if ci else "")
+
+    lines = [
+        f"warm start {ret(summary['warm_start_return'], summary['warm_start_ci95'])}, "
+        f"final {ret(summary['final_return'], summary['final_ci95'])} "
+        f"over {summary['eval_hands']} held-out hands",
+    ]
+    if summary["improvement"] is not None:
+        ci = summary["improvement_ci95"]
+        span = f" (95% CI {ci[0]:+.3f} to {ci[1]:+.3f})" if ci else ""
+        lines.append(
+            f"improvement {summary['improvement']:+.3f}{span}, "
+            f"paired on {summary['paired_hands']} hands"
+        )
+    refs = summary["references"]
+    lines.append(
+        f"references: random {refs['random']}, always stand {refs['always_stand']}, "
+        f"optimal {refs['optimal']}"
+    )
+    names = ("summary.json", "learning_curve.png", "strategy.png", "metrics.jsonl")
+    lines.append("wrote " + ", ".join(str(out / n) for n in names if (out / n).exists()))
+    return lines
+
+
 def plot_curve(evals: Iterable[dict[str, Any]], path: Path) -> None:
-    """Evaluation return per step against the random, always-stand and optimal references."""
+    """Evaluation return per step with its 95% band, against the reference policies."""
     import matplotlib  # heavy, and only needed here
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = sorted((e["step"], e["return"], e["hands"]) for e in evals)
+    points = sorted((e["step"], e["return"], e["hands"], e.get("stderr", math.nan)) for e in evals)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     if points:
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="C0",
-                label="evaluation return")  # fmt: skip
-        for step, ret, hands in points:
+        xs = [p[0] for p in points]
+        ax.plot(xs, [p[1] for p in points], "o-", color="C0", label="evaluation return")
+        band = [(x, r, Z95 * se) for x, r, _, se in points if math.isfinite(se)]
+        if band:
+            ax.fill_between([b[0] for b in band], [b[1] - b[2] for b in band],
+                            [b[1] + b[2] for b in band], color="C0", alpha=0.2,
+                            label="95% confidence")  # fmt: skip
+        for step, ret, hands, _ in points:
             ax.annotate(f"{hands}", (step, ret), textcoords="offset points", xytext=(0, 6),
                         ha="center", fontsize=7)  # fmt: skip
     for value, name, style in (
@@ -77,4 +166,54 @@ def plot_curve(evals: Iterable[dict[str, Any]], path: Path) -> None:
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_strategy(table: dict[str, Any], path: Path) -> None:
+    """The classic chart: learned hit share per (total, up card) beside the optimal hit/stand.
+
+    Hard totals on top, soft below; a learned cell is coloured by how often the policy hit
+    there (blank: never visited) and shows the number of decisions behind it.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    heights = {"height_ratios": [len(HARD_TOTALS), len(SOFT_TOTALS)]}
+    fig, axes = plt.subplots(2, 2, figsize=(11, 9), gridspec_kw=heights)
+    cols = ["A" if u == 1 else str(u) for u in UP_CARDS]
+    for row, (kind, totals) in enumerate((("hard", HARD_TOTALS), ("soft", SOFT_TOTALS))):
+        cells = table[kind]
+        learned = np.full((len(totals), len(cols)), np.nan)
+        optimal = np.zeros((len(totals), len(cols)))
+        for i, player in enumerate(totals):
+            for j, up in enumerate(UP_CARDS):
+                rate = cells[str(player)][cols[j]]["hit_rate"]
+                learned[i, j] = np.nan if rate is None else rate
+                optimal[i, j] = optimal_hits(player, up, kind == "soft")
+        for col, (grid, title) in enumerate(
+            ((learned, f"learned ({table['policy']}), {kind}: hit share"),
+             (optimal, f"optimal, {kind}"))
+        ):  # fmt: skip
+            ax = axes[row][col]
+            ax.imshow(grid, cmap="RdYlGn_r", vmin=0, vmax=1, aspect="auto")
+            for i, player in enumerate(totals):
+                for j in range(len(cols)):
+                    if col == 1:
+                        text = "H" if grid[i, j] else "S"
+                    else:
+                        n = cells[str(player)][cols[j]]["decisions"]
+                        text = "" if n == 0 else f"{grid[i, j]:.1f}\n{n}"
+                    ax.text(j, i, text, ha="center", va="center", fontsize=6)
+            ax.set_xticks(range(len(cols)), cols)
+            ax.set_yticks(range(len(totals)), [("A+" + str(t - 11)) if kind == "soft" else str(t)
+                                               for t in totals])  # fmt: skip
+            ax.set_xlabel("dealer up card")
+            ax.set_ylabel("player total")
+            ax.set_title(title, fontsize=9)
+    fig.suptitle("Blackjack strategy: red = hit, green = stand (learned cells: share, decisions)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -31,19 +31,19 @@ from plies.environments import (
     SandboxBackend,
     SandboxedBlackjackEnv,
 )
-from plies.policy import VLLMClient
+from plies.policy import SeededPolicy
 from plies.runtime import EnvPool, Interrupts, RolloutResources, run
 from plies.testing import ServerProcess, plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer
-from plies.training import TrainingClient
 
-from .config import BUDGETS, TEMPLATE_KWARGS, DemoConfig, EnvName, SandboxName
+from .config import BUDGETS, TEMPLATE_KWARGS, DemoConfig, EnvName, SandboxName, TrainerName
 from .evaluation import evaluate
 from .grpo import grpo
-from .report import write_summary
-from .rewards import Forfeiting
+from .report import result_lines, write_summary
+from .rewards import harness_for_budget
 from .runlog import RunLog
 from .state import Interrupted, RunState
+from .trainers import open_clients
 from .warm_start import transcripts, warm_start
 
 __all__ = ["main", "openenv_server", "policy_server"]
@@ -74,17 +74,30 @@ def main(
     budget: str = "default",
     env: EnvName = "local",
     sandbox: SandboxName = "none",
+    trainer: TrainerName = "native",
+    tinker_url: str | None = None,
 ) -> int:
     """Run (or resume) the job in `out`; return the exit code (130 after Ctrl-C).
+
+    `trainer="tinker"` trains and samples through the Tinker API: on `tinker_url` (or
+    `TINKER_BASE_URL`, with `TINKER_API_KEY`), else on the embedded server's (`trainers`).
 
     Raises:
         ConfigError: unknown or conflicting options, `out` is a file or holds a different
             run, or `--sandbox e2b` without `E2B_API_KEY`; all before any work.
     """
-    config = DemoConfig(out=Path(out), budget=budget, env=env, sandbox=sandbox)
+    config = DemoConfig(
+        out=Path(out),
+        budget=budget,
+        env=env,
+        sandbox=sandbox,
+        trainer=trainer,
+        tinker_url=tinker_url,
+    )
     if config.sandbox == "e2b" and not os.environ.get("E2B_API_KEY"):
         # Without it the warm start would run and then every hand fail.
         raise ConfigError("--sandbox e2b needs E2B_API_KEY in the environment")
+    _claim_run_dir(config, Console(stderr=True))  # a run dir that cannot resume: before any work
     return run(lambda interrupts: _job(config, interrupts))
 
 
@@ -92,15 +105,37 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
     """Record the run's options in `run.json`, or check that they match the run found there."""
     config.out.mkdir(parents=True, exist_ok=True)
     run_file = config.out / "run.json"
+    budget = asdict(BUDGETS[config.budget])
     if not run_file.exists():
-        budget = asdict(BUDGETS[config.budget])
-        run_file.write_text(json.dumps({"config": config.key(), "budget": budget}))
+        # Atomic: a crash mid-write must not leave a run.json that no resume can read.
+        tmp = run_file.with_name(".run.json.tmp")
+        with tmp.open("w") as f:
+            json.dump({"config": config.key(), "budget": budget}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, run_file)
         return
-    saved = json.loads(run_file.read_text())
-    if saved["config"] != config.key():
+    try:
+        saved = json.loads(run_file.read_text())
+        saved_config, saved_budget = saved["config"], dict(saved["budget"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(
-            f"{config.out} holds a run with {saved['config']}; resume it with the same options "
+            f"{run_file} is not a run record ({type(err).__name__}: {err}); "
+            "remove it to start over, or choose another --out"
+        ) from None
+    if saved_config != config.key():
+        raise ConfigError(
+            f"{config.out} holds a run with {saved_config}; resume it with the same options "
             "or choose another --out"
+        )
+    if saved_budget != budget:
+        # Same name, other numbers (the budget table changed): the log would not fit them.
+        changed = sorted(
+            k for k in budget.keys() | saved_budget.keys() if budget.get(k) != saved_budget.get(k)
+        )
+        raise ConfigError(
+            f"{config.out} was run with other values of budget {config.budget!r} "
+            f"({', '.join(changed)} differ); choose another --out"
         )
     console.print(f"[bold]resuming[/] the run in {config.out}")
 
@@ -111,7 +146,6 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
     console = Console(stderr=True)
     budget = BUDGETS[config.budget]
     out = config.out
-    _claim_run_dir(config, console)
     started = time.monotonic()
     log = RunLog(out / "metrics.jsonl")
     if log.torn_tail is not None:
@@ -127,12 +161,16 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
 
     async with AsyncExitStack() as stack:
         stack.callback(log.close)
-        server = await stack.enter_async_context(
-            policy_server(model_dir, out / "server", out / "server.log")
+        clients = await open_clients(
+            config,
+            stack,
+            server=lambda: policy_server(model_dir, out / "server", out / "server.log"),
+            model_dir=model_dir,
+            tokenizer=tokenizer,
+            log=log,
+            console=console,
         )
-        console.print(f"reference server at {server.url}")
-        trainer = await stack.enter_async_context(TrainingClient(server.url))
-        client = await stack.enter_async_context(VLLMClient(server.url, server.ready["model"]))
+        trainer, client = clients.trainer, clients.sampler
         make_env = await _env_factory(config, stack)
         pool_limit = budget.eval_concurrency + budget.group_size * budget.groups_in_flight
         resources = await stack.enter_async_context(
@@ -142,7 +180,8 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
                 report_path=out / "quarantine.json",
             )
         )
-        harness = Forfeiting.for_budget(renderer, client, budget)
+        # Seeded per episode and turn, so `plies replay` can re-sample any recorded turn.
+        harness = harness_for_budget(renderer, SeededPolicy(client), budget)
         state = RunState(
             config=config,
             log=log,
@@ -152,7 +191,7 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
             harness=harness,
             renderer=renderer,
             tokenizer=tokenizer,
-            base=PolicyRef.model_validate(server.ready["policy"]),
+            base=clients.base,
             console=console,
             interrupts=interrupts,
         )
@@ -162,7 +201,9 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
             console.print("[yellow]interrupted[/]: run the same command again to resume")
         finally:
             log.write("session", seconds=time.monotonic() - started)
-    write_summary(config, log, elapsed_before + time.monotonic() - started)
+    summary = write_summary(config, log, elapsed_before + time.monotonic() - started)
+    for line in result_lines(summary, out):
+        console.print(line)
 
 
 async def _env_factory(config: DemoConfig, stack: AsyncExitStack) -> EnvFactory:

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from plies import PolicyRef
-from plies.policy import VLLMClient, publish
+from plies.harness import ToolCallingHarness
+from plies.policy import TinkerPolicyClient, VLLMClient, publish
 from plies.runtime import Interrupts, RolloutResources
 from plies.tokens import ChatRenderer
-from plies.training import TrainingClient
+from plies.training import Trainer
 
 from .config import BUDGETS, Budget, DemoConfig
-from .rewards import Forfeiting
 from .runlog import RunLog
 
 if TYPE_CHECKING:
@@ -38,12 +38,13 @@ class RunState:
 
     config: DemoConfig
     log: RunLog
-    trainer: TrainingClient
-    """The reference server's trainer: it trains and saves the policies."""
-    client: VLLMClient
-    """The same server's sampler: episodes sample from it and new policies load into it."""
+    trainer: Trainer
+    """It trains and saves the policies: native or Tinker, as `config.trainer` says."""
+    client: VLLMClient | TinkerPolicyClient
+    """The sampler on the same service: episodes sample from it, new policies load into it."""
     resources: RolloutResources
-    harness: Forfeiting
+    harness: ToolCallingHarness
+    """Plays every hand, scored by `FORFEIT_REWARDS`."""
     renderer: ChatRenderer
     tokenizer: PreTrainedTokenizerBase
     base: PolicyRef

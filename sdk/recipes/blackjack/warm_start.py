@@ -10,7 +10,7 @@ from plies import PliesError, PolicyRef, TrainingGradientsLost, Trajectory, Turn
 from plies.environments import BlackjackEnv, Task
 from plies.policy import Completion
 from plies.tokens import ChatRenderer
-from plies.training import AdamParams, Datum, LossName, TrainingBatch, TrainingClient
+from plies.training import AdamParams, Datum, LossName, Trainer, TrainingBatch
 
 from .config import SYSTEM_PROMPT, WARM_SEEDS, Budget
 
@@ -74,7 +74,7 @@ def _canonical(ids: list[int], policy: PolicyRef) -> Completion:
 
 
 async def train_step(
-    trainer: TrainingClient,
+    trainer: Trainer,
     prefix: str,
     batch: TrainingBatch,
     *,
@@ -105,7 +105,7 @@ async def train_step(
 
 
 async def warm_start(
-    trainer: TrainingClient,
+    trainer: Trainer,
     data: Sequence[Trajectory],
     budget: Budget,
     *,

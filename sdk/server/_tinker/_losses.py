@@ -10,6 +10,10 @@ distribution). With `q` the sampler's logprobs and `A` the advantages:
 - ppo: `sum(-min(r * A, clamp(r, clip_low_threshold, clip_high_threshold) * A))` with
   `r = exp(lp - q)`; the thresholds are ratio bounds (default 0.8 and 1.2), from
   `loss_fn_config` or per token from `loss_fn_inputs`.
+- cispo: `sum(-sg(clamp(r, clip_low_threshold, clip_high_threshold)) * lp * A)`: the clipped
+  ratio weights the logprob and carries no gradient (same bounds and defaults as ppo).
+- dro: `sum(-(lp * A - beta / 2 * (lp - q) ** 2))`, `beta` from `loss_fn_config` (required:
+  Tinker documents no default).
 
 The native wire (`plies.server._losses`) divides by the token count and takes clip epsilons,
 so its code is not reused here; the logprob convention is the same. The 151,936-wide head
@@ -41,13 +45,15 @@ class LossResult:
     loss: float
 
 
-def _active(d: TinkerDatum, loss_fn: str) -> np.ndarray:
+def _active(d: TinkerDatum, loss_fn: str, config: dict[str, float]) -> np.ndarray:
     """Positions whose loss term can be non-zero (so the head needs gradients there)."""
     if loss_fn == "cross_entropy":
         w = d.inputs.get("weights")
         if w is None:
             return np.ones(len(d.tokens), dtype=bool)
         return w != 0 if w.ndim == 1 else np.any(w != 0, axis=1)
+    if loss_fn == "dro" and config["beta"] != 0:  # the penalty has a gradient everywhere
+        return np.ones(len(d.tokens), dtype=bool)
     return d.inputs["advantages"] != 0
 
 
@@ -69,6 +75,8 @@ def _loss_terms(
     a = inputs["advantages"]
     if loss_fn == "importance_sampling":
         return -ratio * a
+    if loss_fn == "dro":
+        return -(lp * a - 0.5 * config["beta"] * (lp - inputs["logprobs"]) ** 2)
     low = inputs.get("clip_low_threshold")
     high = inputs.get("clip_high_threshold")
     low = (
@@ -82,6 +90,8 @@ def _loss_terms(
         else torch.full_like(ratio, config.get("clip_high_threshold", PPO_CLIP[1]))
     )
     clipped = torch.minimum(torch.maximum(ratio, low), high)
+    if loss_fn == "cispo":
+        return -clipped.detach() * lp * a
     return -torch.minimum(ratio * a, clipped * a)
 
 
@@ -102,7 +112,7 @@ def tinker_loss(
     decoder = model.get_decoder()
     head = model.get_output_embeddings()
     device = next(model.parameters()).device
-    actives = [_active(d, loss_fn) for d in data]
+    actives = [_active(d, loss_fn, config) for d in data]
     outputs: list[np.ndarray | None] = [None] * len(data)
     total = 0.0
     sizes = [(int(a.sum()), len(d.tokens)) for a, d in zip(actives, data, strict=True)]

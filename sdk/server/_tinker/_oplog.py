@@ -82,7 +82,7 @@ class OpLog:
 
     def __init__(self, root: Path):
         self.root = root
-        self.journal = Journal(root / "ops.jsonl")
+        self.journal = Journal(root / "ops.jsonl", required=("event", "seq", "rid"))
         self.bodies = root / "bodies"
         self.states = root / "state"
         self.bodies.mkdir(parents=True, exist_ok=True)

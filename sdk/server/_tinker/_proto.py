@@ -18,8 +18,10 @@ from ._errors import TinkerRequestError
 
 __all__ = [
     "LOSS_INPUTS",
+    "MASK_LOGPROB",
     "SUPPORTED_LOSSES",
     "ForwardBackwardInput",
+    "PromptScores",
     "TinkerDatum",
     "check_forward_backward",
     "encode_forward_backward",
@@ -31,12 +33,18 @@ LOSS_INPUTS: dict[str, tuple[str, ...]] = {
     "cross_entropy": ("target_tokens",),
     "importance_sampling": ("target_tokens", "logprobs", "advantages"),
     "ppo": ("target_tokens", "logprobs", "advantages"),
+    "cispo": ("target_tokens", "logprobs", "advantages"),
+    "dro": ("target_tokens", "logprobs", "advantages"),
 }
 """The losses this slice computes and the `loss_fn_inputs` each one requires."""
 
 SUPPORTED_LOSSES = tuple(LOSS_INPUTS)
 
 _OPTIONAL_INPUTS = {"weights", "clip_low_threshold", "clip_high_threshold"}
+
+_CLIP = {"clip_low_threshold", "clip_high_threshold"}
+_CONFIG_KEYS: dict[str, set[str]] = {"ppo": _CLIP, "cispo": _CLIP, "dro": {"beta"}}
+"""The `loss_fn_config` keys each loss reads; any other key is refused."""
 
 _NUMPY = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
@@ -189,12 +197,14 @@ def check_forward_backward(
     for k, v in msg.loss_fn_config.items():
         config.setdefault(k, v)
     texts = [k for k, v in msg.loss_fn_config_v2.items() if v.HasField("text")]
-    allowed = {"clip_low_threshold", "clip_high_threshold"} if msg.loss_fn == "ppo" else set()
+    allowed = _CONFIG_KEYS.get(msg.loss_fn, set())
     unknown = sorted((set(config) | set(texts)) - allowed)
     if unknown:
         raise TinkerRequestError(f"loss_fn_config keys {unknown} are not used by {msg.loss_fn}")
     if not all(np.isfinite(v) for v in config.values()):
         raise TinkerRequestError("loss_fn_config holds a non-finite number")
+    if msg.loss_fn == "dro" and "beta" not in config:
+        raise TinkerRequestError("dro needs loss_fn_config {'beta': ...} (the penalty's weight)")
     data = [_datum(d, k, msg.loss_fn, vocab, max_len) for k, d in enumerate(msg.data)]
     return ForwardBackwardInput(
         model_id=msg.model_id,
@@ -233,9 +243,35 @@ def encode_forward_backward(logprobs: list[np.ndarray], metrics: dict[str, float
     return out.SerializeToString()
 
 
-def encode_samples(samples: list[tuple[list[int], list[float], bool]]) -> bytes:
-    """A `SampleResponse`: per sequence its tokens, logprobs and whether it hit a stop."""
+@dataclass
+class PromptScores:
+    """Logprobs of the prompt's own tokens ([n], NaN where not scored: position 0 and any
+    before `prompt_logprobs_last_n`) and, if asked, the top-k tokens at each position."""
+
+    logprobs: np.ndarray  # (n,) float32
+    topk_ids: np.ndarray | None = None  # (n, k) int32, 0 where not scored
+    topk_logprobs: np.ndarray | None = None  # (n, k) float32, MASK_LOGPROB where not scored
+    include_logprobs: bool = True
+
+
+MASK_LOGPROB = -99999.0
+"""The SDK's filler for top-k cells that hold no token (`tinker.types.topk_logprobs`)."""
+
+
+def encode_samples(
+    samples: list[tuple[list[int], list[float], bool]], prompt: PromptScores | None = None
+) -> bytes:
+    """A `SampleResponse`: per sequence its tokens, logprobs and whether it hit a stop, and
+    the prompt's scores if they were asked for."""
     out = pb.SampleResponse()
+    if prompt is not None:
+        if prompt.include_logprobs:
+            out.prompt_logprobs = np.asarray(prompt.logprobs, dtype=np.float32).tobytes()
+        if prompt.topk_ids is not None and prompt.topk_logprobs is not None:
+            n, k = prompt.topk_ids.shape
+            out.topk_prompt_logprobs.length, out.topk_prompt_logprobs.k = n, k
+            out.topk_prompt_logprobs.token_ids = prompt.topk_ids.astype(np.int32).tobytes()
+            out.topk_prompt_logprobs.logprobs = prompt.topk_logprobs.astype(np.float32).tobytes()
     for tokens, logprobs, stopped in samples:
         seq = out.sequences.add()
         seq.stop_reason = pb.STOP_REASON_STOP if stopped else pb.STOP_REASON_LENGTH

@@ -102,6 +102,8 @@ def _json(body: bytes) -> dict[str, Any]:
         data = json.loads(body) if body else {}
     except ValueError:
         raise TinkerRequestError("the request body is not JSON") from None
+    except RecursionError:
+        raise TinkerRequestError("the request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise TinkerRequestError("the request body is not a JSON object")
     return data

@@ -155,13 +155,33 @@ class AsampleRequest(_Body):
         return [t for chunk in self.prompt.chunks for t in chunk.tokens]
 
     def unsupported(self) -> list[str]:
-        """The options this slice refuses (the SDK checks its answer for each of them)."""
+        """The options this server refuses (the SDK checks its answer for each of them)."""
         asked = {
-            "include_prompt_logprobs": self.prompt_logprobs,
-            "topk_prompt_logprobs": self.topk_prompt_logprobs > 0,
             "topk_sample_logprobs": self.topk_sample_logprobs > 0,
             "prompt_alt_tokens_k": self.prompt_alt_tokens_k > 0,
-            "prompt_logprobs_last_n": self.prompt_logprobs_last_n is not None,
             "target_prompt_logprobs": self.target_prompt_logprobs is not None,
         }
         return [name for name, on in asked.items() if on]
+
+    def prompt_scoring(self, max_topk: int) -> tuple[int, int] | None:
+        """`(first, k)`: score prompt positions from `first` on, with the top `k` tokens at
+        each (0: none); None when the request asks for no prompt logprobs.
+
+        Raises:
+            ValueError: a bound is out of range (the message says which).
+        """
+        if not self.prompt_logprobs and self.topk_prompt_logprobs <= 0:
+            if self.prompt_logprobs_last_n is not None:
+                raise ValueError("prompt_logprobs_last_n needs include_prompt_logprobs")
+            return None
+        if not 0 <= self.topk_prompt_logprobs <= max_topk:
+            raise ValueError(
+                f"topk_prompt_logprobs {self.topk_prompt_logprobs} is outside [0, {max_topk}]"
+            )
+        n = len(self.prompt_tokens)
+        last = self.prompt_logprobs_last_n
+        if last is None:
+            return 1, self.topk_prompt_logprobs
+        if not 1 <= last <= n - 1:
+            raise ValueError(f"prompt_logprobs_last_n {last} is outside [1, {n - 1}]")
+        return n - last, self.topk_prompt_logprobs

@@ -297,7 +297,8 @@ class TinkerService:
                 samplers.add_path(path, policy_dir)
                 return {"path": path, "type": "save_weights_for_sampler"}
             sampler_id = f"{tenant.session_id}:sample:{req.sampling_session_seq_id}"
-            samplers.add_session(Sampler(sampler_id, self.model_name, None, policy_dir))
+            sampler = Sampler(sampler_id, self.model_name, None, policy_dir)
+            samplers.add_session(sampler, snapshot=True)
             return {
                 "path": None,
                 "sampling_session_id": sampler_id,
@@ -420,6 +421,7 @@ class TinkerService:
             )
         max_len = state.config.max_model_len
         samplers.params(req, max_len)  # refuse bad parameters before answering with a future
+        samplers.scoring(req)
         rid = self.futures.create(prefix=SAMPLE_PREFIX)
 
         async def run() -> None:

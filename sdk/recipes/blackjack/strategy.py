@@ -1,0 +1,155 @@
+"""The strategy grid: what a policy does per (player total, dealer up card, soft), and the optimum.
+
+The optimum is exact for plies' rules (an infinite deck, the dealer stands on every 17, no
+doubling or splitting): a small dynamic programme over the player's (total, soft) state
+against the dealer's final-total distribution for each up card. It is the grid a person
+compares a learned policy with, and the source of `OPTIMAL_RETURN`'s check in the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import cache
+from typing import Any
+
+from plies.environments.blackjack import DECK, total, usable_ace
+
+__all__ = [
+    "HARD_TOTALS",
+    "SOFT_TOTALS",
+    "UP_CARDS",
+    "Decision",
+    "decisions_of",
+    "optimal_hits",
+    "optimal_return",
+    "strategy_table",
+]
+
+UP_CARDS = tuple(range(1, 11))
+"""Dealer up cards, the ace as 1 (the grid's columns)."""
+HARD_TOTALS = tuple(range(4, 22))
+SOFT_TOTALS = tuple(range(12, 22))
+"""Player totals the grid shows (its rows): hard 4-21, soft (a usable ace) 12-21."""
+
+Decision = tuple[int, int, bool, bool]
+"""One decision seen: (player total, dealer up card, soft, hit)."""
+
+_P = {card: DECK.count(card) / len(DECK) for card in set(DECK)}
+
+
+def _add(state: tuple[int, bool], card: int) -> tuple[int, bool]:
+    """The (total, soft) after drawing `card` onto a hand of (total, soft)."""
+    value, soft = state
+    value += card
+    if card == 1 and value + 10 <= 21:
+        return value + 10, True
+    if value > 21 and soft:
+        return value - 10, False
+    return value, soft
+
+
+@cache
+def _dealer(state: tuple[int, bool]) -> dict[int, float]:
+    """Distribution of the dealer's final total (22 for a bust) from (total, soft)."""
+    value, _ = state
+    if value > 21:
+        return {22: 1.0}
+    if value >= 17:
+        return {value: 1.0}
+    out: dict[int, float] = {}
+    for card, p in _P.items():
+        for final, q in _dealer(_add(state, card)).items():
+            out[final] = out.get(final, 0.0) + p * q
+    return out
+
+
+@cache
+def _dealer_from_up(up: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for hole, p in _P.items():
+        for final, q in _dealer(_add(_add((0, False), up), hole)).items():
+            out[final] = out.get(final, 0.0) + p * q
+    return out
+
+
+def _stand_value(player: int, up: int) -> float:
+    return sum(
+        q * ((final > 21 or player > final) - (final <= 21 and player < final))
+        for final, q in _dealer_from_up(up).items()
+    )
+
+
+@cache
+def _values(state: tuple[int, bool], up: int) -> tuple[float, float]:
+    """(value of standing, value of hitting) from (total, soft) against `up`."""
+    hit = 0.0
+    for card, p in _P.items():
+        after = _add(state, card)
+        hit += p * (-1.0 if after[0] > 21 else max(_values(after, up)))
+    return _stand_value(state[0], up), hit
+
+
+def optimal_hits(player: int, up: int, soft: bool) -> bool:
+    """Whether the optimal policy hits on `player` (soft: a usable ace) against `up`."""
+    stand, hit = _values((player, soft), up)
+    return hit > stand
+
+
+def optimal_return() -> float:
+    """The optimal policy's expected return per hand, over all deals."""
+    out = 0.0
+    for up, pu in _P.items():
+        for a, pa in _P.items():
+            for b, pb in _P.items():
+                out += pu * pa * pb * max(_values(_add(_add((0, False), a), b), up))
+    return out
+
+
+def decisions_of(trajectory: Any) -> list[Decision]:
+    """The decisions of one evaluated hand, rebuilt from its final cards and its calls.
+
+    The env reports the player's cards when the hand ends; decision k was taken holding
+    the first 2 + k of them, the dealer's up card unchanged. Calls other than hit/stand
+    (an ill-formed turn) end the list: the hand was forfeit there.
+    """
+    env = trajectory.info.get("env") or {}
+    cards, up = env.get("player_cards"), env.get("dealer_up")
+    if not cards or up is None:
+        return []
+    out: list[Decision] = []
+    for k, turn in enumerate(trajectory.turns):
+        calls = (turn.message or {}).get("tool_calls") or []
+        names = [c["function"]["name"] for c in calls]
+        if len(names) != 1 or names[0] not in ("hit", "stand") or 2 + k > len(cards):
+            break
+        hand = cards[: 2 + k]
+        out.append((total(hand), up, usable_ace(hand), names[0] == "hit"))
+    return out
+
+
+def strategy_table(decisions: Iterable[Decision]) -> dict[str, Any]:
+    """The grid as JSON: per soft/hard, total and up card, the hit share, decisions and optimum.
+
+    Keys are strings ("hard" / "soft", then the total, then the up card with "A" for 1) so the
+    table reads the way the classic chart does; a cell never visited has `hit_rate` None.
+    """
+    counts: dict[tuple[int, int, bool], list[int]] = {}
+    for player, up, soft, hit in decisions:
+        cell = counts.setdefault((player, up, soft), [0, 0])
+        cell[0] += hit
+        cell[1] += 1
+    table: dict[str, Any] = {}
+    for soft, totals in ((False, HARD_TOTALS), (True, SOFT_TOTALS)):
+        rows: dict[str, Any] = {}
+        for player in totals:
+            row = {}
+            for up in UP_CARDS:
+                hits, n = counts.get((player, up, soft), (0, 0))
+                row["A" if up == 1 else str(up)] = {
+                    "hit_rate": round(hits / n, 3) if n else None,
+                    "decisions": n,
+                    "optimal": "hit" if optimal_hits(player, up, soft) else "stand",
+                }
+            rows[str(player)] = row
+        table["soft" if soft else "hard"] = rows
+    return table

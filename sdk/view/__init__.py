@@ -1,0 +1,38 @@
+"""plies.view: a recorded run, for people. `plies view RUN_DIR` and `plies replay`.
+
+- `RunView` reads a run directory (`groups.jsonl`, `metrics.jsonl`, `summary.json`,
+  `run.json`, `quarantine.json`) and renders one self-contained, offline HTML page: the run,
+  its steps, groups and members, and every turn's tokens with mask and sampler logprob.
+  Missing files, torn lines and records of older versions become sentences on the page.
+- `write_page` writes that page; `serve_live` serves it on 127.0.0.1 as the run grows.
+- `replay_group` re-samples a recorded episode's turns on the reference server and says,
+  turn by turn, whether tokens and logprobs came back equal.
+
+It only reads run directories, so it sits above the core and beside the recipes.
+"""
+
+from ._replay import MemberReplay as MemberReplay
+from ._replay import TurnReplay as TurnReplay
+from ._replay import replay_group as replay_group
+from ._replay import sampling_of as sampling_of
+from ._serve import LiveServer as LiveServer
+from ._serve import run_stamp as run_stamp
+from ._serve import serve_live as serve_live
+from ._view import RunView as RunView
+from ._view import write_page as write_page
+
+__all__ = [
+    "LiveServer",
+    "MemberReplay",
+    "RunView",
+    "TurnReplay",
+    "replay_group",
+    "run_stamp",
+    "sampling_of",
+    "serve_live",
+    "write_page",
+]
+
+for _name in __all__:
+    globals()[_name].__module__ = "plies.view"
+del _name

@@ -1,0 +1,264 @@
+"""Reading a run directory for people: every file optional, every damaged line reported.
+
+A viewer is used on runs that are going wrong, so nothing here raises on bad data: a missing
+file, a torn last line, a record from an older version of plies becomes a `problem` (a
+sentence the page shows) and the rest of the run is still read. Files are only ever read,
+and read incrementally (`RunReader.refresh` parses only the bytes appended since the last
+call), so a viewer serving a live run costs the run nothing but page-cache reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from plies import Group, PliesError, TrajectoryError
+from plies.runtime import read_report
+from plies.training import grpo_advantages
+
+__all__ = ["GroupEntry", "RunReader", "RunSnapshot"]
+
+PREVIEW_CHARS = 80
+MAX_PROBLEMS = 50
+"""Problems listed one by one; more are counted, so a badly damaged file stays readable."""
+
+
+@dataclass(slots=True)
+class _Tail:
+    """The complete lines of one append-only file, read from where the last read stopped.
+
+    An unterminated last line is left for the next read (a writer may be mid-line); a file
+    that shrank or was replaced is read again from the start.
+    """
+
+    path: Path
+    offset: int = 0
+    inode: int | None = None
+    line_no: int = 0
+    rest: bytes = b""
+
+    def new_lines(self) -> tuple[list[tuple[int, bytes]], bool]:
+        """Lines appended since the last call, numbered from 1, and whether it restarted."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            restarted = self.inode is not None
+            self.offset, self.inode, self.line_no, self.rest = 0, None, 0, b""
+            return [], restarted
+        restarted = False
+        if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
+            self.offset, self.line_no, restarted = 0, 0, True
+        self.inode = st.st_ino
+        if st.st_size == self.offset:
+            return [], restarted
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(st.st_size - self.offset)
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        self.rest = data[end:]
+        lines = []
+        for raw in data[:end].split(b"\n")[:-1]:
+            self.line_no += 1
+            lines.append((self.line_no, raw))
+        return lines, restarted
+
+
+@dataclass(slots=True)
+class GroupEntry:
+    """One group of `groups.jsonl`, parsed once, with its members' summary rows."""
+
+    line: int
+    group: Group
+    members: list[dict[str, Any]]
+
+
+@dataclass(slots=True)
+class RunSnapshot:
+    """What a run directory held at one read: records as plain JSON values, and problems."""
+
+    run_dir: Path
+    run: dict[str, Any] | None
+    summary: dict[str, Any] | None
+    metrics: list[dict[str, Any]]
+    groups: list[GroupEntry]
+    quarantine: dict[str, Any] | None
+    problems: list[str] = field(default_factory=list)
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [r for r in self.metrics if r.get("kind") == "step"]
+
+    def evals(self) -> list[dict[str, Any]]:
+        return [r for r in self.metrics if r.get("kind") == "eval"]
+
+
+def _member_row(group: Group, index: int) -> dict[str, Any]:
+    traj = group.trajectories[index]
+    info = traj.info
+    return {
+        "m": index,
+        "id": traj.id,
+        "task": traj.task_id,
+        "reward": traj.reward if traj.reward is None or math.isfinite(traj.reward) else None,
+        "status": traj.status.value if traj.status else None,
+        "stop": info.get("stop_reason"),
+        "error": traj.error,
+        "turns": len(traj.turns),
+        "ill": sum(t.ill_formed for t in traj.turns),
+        "fb": sum(t.fallback is not None for t in traj.turns),
+        "q": len(info.get("quarantined_leases") or []),
+        "sampled": sum(len(t.completion_ids) for t in traj.turns),
+        "versions": sorted({t.policy.version for t in traj.turns}),
+    }
+
+
+def _with_advantages(group: Group, rows: list[dict[str, Any]]) -> None:
+    """GRPO's advantage (reward minus the group mean), where every reward is a number."""
+    rewards = [r["reward"] for r in rows]  # finite or None (`_member_row`)
+    if rows and all(r is not None for r in rewards):
+        for row, adv in zip(rows, grpo_advantages(rewards), strict=True):
+            row["adv"] = adv
+    for row in rows:
+        row.setdefault("adv", None)
+
+
+class _Problems:
+    """Problems of one file, listed up to `MAX_PROBLEMS`, then counted."""
+
+    def __init__(self) -> None:
+        self.listed: list[str] = []
+        self.more = 0
+
+    def add(self, text: str) -> None:
+        if len(self.listed) < MAX_PROBLEMS:
+            self.listed.append(text)
+        else:
+            self.more += 1
+
+    def all(self, name: str) -> list[str]:
+        extra = [f"{name}: {self.more} more damaged lines"] if self.more else []
+        return self.listed + extra
+
+
+def _preview(raw: bytes) -> str:
+    return raw[:PREVIEW_CHARS].decode(errors="replace")
+
+
+class RunReader:
+    """Reads one run directory again and again, parsing only what was appended.
+
+    Example::
+
+        reader = RunReader(Path("runs/blackjack"))
+        snap = reader.refresh()          # everything so far
+        snap = reader.refresh()          # later: only new lines are parsed
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self._groups = _Tail(self.run_dir / "groups.jsonl")
+        self._metrics = _Tail(self.run_dir / "metrics.jsonl")
+        self._group_entries: list[GroupEntry] = []
+        self._group_problems = _Problems()
+        self._metric_records: list[dict[str, Any]] = []
+        self._metric_problems = _Problems()
+
+    def refresh(self, *, live: bool = False) -> RunSnapshot:
+        """Read what changed; `live` means a torn last line may still be being written."""
+        problems: list[str] = []
+        if not self.run_dir.is_dir():
+            problems.append(f"{self.run_dir} is not a directory")
+        run = self._json_file("run.json", problems, "the run's options are unknown")
+        summary = self._json_file(
+            "summary.json", problems, "the run has not finished (or was cut off before it did)"
+        )
+        self._read_metrics()
+        self._read_groups()
+        for tail, name in ((self._metrics, "metrics.jsonl"), (self._groups, "groups.jsonl")):
+            if not tail.path.exists():
+                problems.append(f"{name} is missing")
+            elif tail.rest and not live:
+                problems.append(
+                    f"{name}: line {tail.line_no + 1} is torn (cut off by a crash): "
+                    f"{_preview(tail.rest)!r}"
+                )
+        problems += self._metric_problems.all("metrics.jsonl")
+        problems += self._group_problems.all("groups.jsonl")
+        return RunSnapshot(
+            run_dir=self.run_dir,
+            run=run,
+            summary=summary,
+            metrics=list(self._metric_records),
+            groups=list(self._group_entries),
+            quarantine=self._quarantine(problems),
+            problems=problems,
+        )
+
+    def _json_file(self, name: str, problems: list[str], why: str) -> dict[str, Any] | None:
+        path = self.run_dir / name
+        try:
+            value = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            problems.append(f"{name} is missing: {why}")
+            return None
+        except (OSError, ValueError) as exc:
+            problems.append(f"{name} does not read as JSON ({exc})")
+            return None
+        if not isinstance(value, dict):
+            problems.append(f"{name} holds a JSON {type(value).__name__}, not an object")
+            return None
+        return value
+
+    def _read_metrics(self) -> None:
+        lines, restarted = self._metrics.new_lines()
+        if restarted:
+            self._metric_records, self._metric_problems = [], _Problems()
+        for number, raw in lines:
+            try:
+                record = json.loads(raw)
+            except ValueError as exc:
+                self._metric_problems.add(f"metrics.jsonl: line {number} is not JSON ({exc})")
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+                self._metric_problems.add(f"metrics.jsonl: line {number} is not a run-log record")
+                continue
+            self._metric_records.append(record)
+
+    def _read_groups(self) -> None:
+        lines, restarted = self._groups.new_lines()
+        if restarted:
+            self._group_entries, self._group_problems = [], _Problems()
+        for number, raw in lines:
+            try:
+                group = Group.model_validate_json(raw)
+            except (ValueError, ValidationError, TrajectoryError) as exc:
+                first = str(exc).splitlines()[0]
+                if isinstance(exc, ValidationError):
+                    detail = exc.errors()[0]
+                    where = ".".join(map(str, detail["loc"])) or "the line"
+                    first = f"{where}: {detail['msg']}"
+                    if exc.error_count() > 1:
+                        first += f" (and {exc.error_count() - 1} more)"
+                self._group_problems.add(
+                    f"groups.jsonl: line {number} is not a group this version reads: {first}"
+                )
+                continue
+            rows = [_member_row(group, i) for i in range(len(group.trajectories))]
+            _with_advantages(group, rows)
+            self._group_entries.append(GroupEntry(number, group, rows))
+
+    def _quarantine(self, problems: list[str]) -> dict[str, Any] | None:
+        path = self.run_dir / "quarantine.json"
+        if not path.exists():
+            return None
+        try:
+            return read_report(path).model_dump(mode="json")
+        except PliesError as exc:
+            problems.append(f"quarantine.json: {exc}")
+            return None

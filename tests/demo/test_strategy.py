@@ -1,0 +1,128 @@
+"""The strategy grid and the paired confidence intervals that `summary.json` reports."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from plies.recipes.blackjack.config import ALWAYS_STAND_RETURN, OPTIMAL_RETURN, DemoConfig
+from plies.recipes.blackjack.evaluation import mean_stderr
+from plies.recipes.blackjack.report import (
+    paired_improvement,
+    plot_strategy,
+    result_lines,
+    write_summary,
+)
+from plies.recipes.blackjack.runlog import RunLog
+from plies.recipes.blackjack.strategy import (
+    HARD_TOTALS,
+    SOFT_TOTALS,
+    UP_CARDS,
+    optimal_hits,
+    optimal_return,
+    strategy_table,
+)
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_dynamic_programme_reproduces_the_documented_optimal_return():
+    assert optimal_return() == pytest.approx(OPTIMAL_RETURN, abs=5e-4)
+    assert optimal_return() > ALWAYS_STAND_RETURN
+
+
+def test_the_optimal_grid_is_the_classic_chart_for_these_rules():
+    for up in UP_CARDS:
+        assert all(optimal_hits(t, up, False) for t in range(4, 12)), up
+        assert not any(optimal_hits(t, up, False) for t in range(17, 22)), up
+        assert all(optimal_hits(t, up, True) for t in range(12, 18)), up
+        assert not optimal_hits(19, up, True), up
+    # hard 13-16: stand against a weak dealer (2-6), hit against 7-10 and the ace (no peek)
+    for player in range(13, 17):
+        assert [optimal_hits(player, up, False) for up in UP_CARDS] == [
+            True, False, False, False, False, False, True, True, True, True,
+        ]  # fmt: skip
+    assert [optimal_hits(12, up, False) for up in (2, 3, 4, 5, 6)] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+
+
+def test_the_table_counts_each_decision_in_its_cell():
+    decisions = [(16, 10, False, True)] * 3 + [(16, 10, False, False), (18, 1, True, False)]
+    table = strategy_table(decisions)
+    assert set(table) == {"hard", "soft"}
+    assert set(table["hard"]) == {str(t) for t in HARD_TOTALS}
+    assert set(table["soft"]) == {str(t) for t in SOFT_TOTALS}
+    assert table["hard"]["16"]["10"] == {"hit_rate": 0.75, "decisions": 4, "optimal": "hit"}
+    assert table["soft"]["18"]["A"] == {"hit_rate": 0.0, "decisions": 1, "optimal": "hit"}
+    assert table["hard"]["20"]["5"] == {"hit_rate": None, "decisions": 0, "optimal": "stand"}
+
+
+def test_the_strategy_figure_is_a_png(tmp_path):
+    table = {"policy": "final", **strategy_table([(12, 4, False, True), (15, 7, True, False)])}
+    path = tmp_path / "strategy.png"
+    plot_strategy(table, path)
+    assert path.read_bytes()[:8] == PNG
+
+
+def test_the_improvement_pairs_hands_and_its_interval_is_narrower_than_unpaired():
+    before = [-1.0, 1.0, -1.0, 0.0, 1.0, -1.0, None, 1.0]
+    after = [-1.0, 1.0, 1.0, 0.0, 1.0, -1.0, 1.0, None]
+    mean, stderr, n = paired_improvement(before, after)
+    assert n == 6 and mean == pytest.approx(2 / 6)
+    diffs = [0, 0, 2, 0, 0, 0]
+    sd = math.sqrt(sum((d - 1 / 3) ** 2 for d in diffs) / 5)
+    assert stderr == pytest.approx(sd / math.sqrt(6))
+
+
+def test_the_standard_error_is_nan_where_it_cannot_be_estimated():
+    assert math.isnan(mean_stderr([])[0])
+    assert math.isnan(mean_stderr([1.0])[1])
+    mean, stderr = mean_stderr([1.0, -1.0, 1.0, -1.0])
+    assert mean == 0 and stderr == pytest.approx(math.sqrt(4 / 3) / 2)
+
+
+def _eval(label: str, step: int, rewards: list[float], decisions: list[list]) -> dict:
+    mean, stderr = mean_stderr(rewards)
+    return {
+        "label": label, "step": step, "policy": 1, "seconds": 0.0, "return": mean,
+        "hands": len(rewards), "ill_formed": 0, "failed": 0, "stand_rate": 0.5,
+        "stderr": stderr, "rewards": rewards, "decisions": decisions,
+    }  # fmt: skip
+
+
+def test_the_summary_holds_paired_intervals_and_the_grid_and_draws_both_figures(tmp_path):
+    log = RunLog(tmp_path / "metrics.jsonl")
+    before = [-1.0, -1.0, 1.0, 0.0, -1.0, 1.0, -1.0, -1.0]
+    after = [-1.0, 1.0, 1.0, 0.0, 1.0, 1.0, -1.0, -1.0]
+    log.write("eval", **_eval("warm_start", 0, before, [[16, 10, False, False]] * 8))
+    log.write("eval", **_eval("final", 3, after, [[16, 10, False, True], [20, 5, False, False]]))
+    log.close()
+    summary = write_summary(
+        DemoConfig(out=tmp_path, budget="smoke"), RunLog(tmp_path / "metrics.jsonl"), 60.0
+    )
+    assert summary["final_return"] == pytest.approx(0.125)
+    low, high = summary["final_ci95"]
+    assert low < 0.125 < high and high - low == pytest.approx(
+        2 * 1.96 * mean_stderr(after)[1], abs=1e-3
+    )
+    assert summary["improvement"] == pytest.approx(0.5) and summary["paired_hands"] == 8
+    low, high = summary["improvement_ci95"]
+    assert low < 0.5 < high and high - low == pytest.approx(
+        2 * 1.96 * paired_improvement(before, after)[1], abs=1e-3
+    )
+    assert summary["strategy"]["policy"] == "final"
+    assert summary["strategy"]["hard"]["16"]["10"] == {
+        "hit_rate": 1.0, "decisions": 1, "optimal": "hit",
+    }  # fmt: skip
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    for name in ("learning_curve.png", "strategy.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG, name
+    lines = result_lines(summary, tmp_path)
+    assert "paired on 8 hands" in lines[1] and "strategy.png" in lines[-1]

@@ -1,0 +1,133 @@
+"""`plies demo blackjack --trainer tinker` as a subprocess, on the embedded server's Tinker API:
+Ctrl-C, then the same command again, continues from the last published policy, and the
+server's op journals (`STATE_DIR/tinker/<run>/ops.jsonl`) show every step applied once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from plies import PolicyRef
+from plies.recipes.blackjack import BUDGETS
+from plies.testing import plies_command
+from plies.training import tinker_checkpoint
+
+pytest.importorskip("tinker")
+
+DEMO = plies_command("demo", "blackjack")
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TINKER_TELEMETRY": "0",
+}
+for _var in ("TINKER_BASE_URL", "TINKER_API_KEY"):  # the embedded server, not one from outside
+    ENV.pop(_var, None)
+
+
+def demo(out: Path) -> subprocess.Popen:
+    log = (out.parent / f"{out.name}.log").open("ab")
+    argv = [*DEMO, "--out", str(out), "--budget", "smoke", "--trainer", "tinker"]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
+
+
+def records(out: Path, kind: str) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r for r in lines if r["kind"] == kind]
+
+
+def wait(proc: subprocess.Popen, out: Path, timeout: float) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        log = (out.parent / f"{out.name}.log").read_text(errors="replace")[-3000:]
+        pytest.fail(f"the demo did not finish in {timeout}s:\n{log}")
+
+
+def runs(out: Path) -> dict[str, list[dict]]:
+    """Each training run (tenant) the server holds: its op journal, in order."""
+    root = out / "server" / "tinker"
+    found = {}
+    for journal in sorted(root.glob("*/ops.jsonl")):
+        lines = journal.read_text().splitlines()
+        found[journal.parent.name] = [json.loads(x) for x in lines if x.strip()]
+    return found
+
+
+def applied(journal: list[dict], kind: str) -> list[dict]:
+    """The outcomes of the ops of `kind` that succeeded."""
+    seqs = {r["seq"] for r in journal if r["event"] == "submit" and r["kind"] == kind}
+    done = [r for r in journal if r["event"] == "done" and r["seq"] in seqs]
+    return [r for r in done if "error" not in r.get("json", {})]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # the deadlines below bound it; the default 300 s cannot
+def test_ctrl_c_then_resume_on_tinker_applies_every_step_once(tmp_path):
+    out = tmp_path / "run"
+    proc = demo(out)
+    # The Tinker warm start is slower than the native one: a Tinker forward_backward returns
+    # logprobs at every position, so the server runs the output layer over whole sequences.
+    deadline = time.monotonic() + 2400
+    while not records(out, "step") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert proc.poll() is None, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
+    proc.send_signal(signal.SIGINT)
+    assert wait(proc, out, 300) == 130
+    before = records(out, "step")
+    last = PolicyRef.model_validate(before[-1]["policy"])
+    assert last.uri.startswith("tinker://")
+
+    rc = wait(demo(out), out, 1200)
+    assert rc == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["trainer"] == "tinker" and summary["complete"]
+    after = records(out, "step")
+    assert [s["step"] for s in after] == list(range(BUDGETS["smoke"].grpo_steps))
+    resumed = after[len(before)]
+    published = 1 if resumed.get("loss") is not None else 0
+    assert resumed["policy"]["version"] == last.version + published
+
+    # Two training runs: the first (warm start and the steps before Ctrl-C), and the one
+    # created from the checkpoint of the last policy published before it.
+    journals = runs(out)
+    assert len(journals) == 2, sorted(journals)
+    first_ops, second_ops = sorted(journals.values(), key=lambda ops: ops[0]["kind"] != "create")
+    assert first_ops[0]["kind"] == "create" and second_ops[0]["kind"] == "load_weights"
+    loaded = applied(second_ops, "load_weights")
+    assert [r["json"]["path"] for r in loaded] == [tinker_checkpoint(last)]
+
+    # Every step applied exactly once along the run: the warm start and the steps logged
+    # before Ctrl-C on the first model, the rest on the second; none repeated, none extra.
+    trained = lambda steps: sum(s.get("loss") is not None for s in steps)  # noqa: E731
+    warm_steps = BUDGETS["smoke"].warm_steps
+    assert len(applied(first_ops, "optim_step")) == warm_steps + trained(before)
+    assert len(applied(second_ops, "optim_step")) == trained(after[len(before) :])
+
+
+def test_a_tinker_service_that_is_down_or_misnamed_is_one_line_and_exit_2(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for extra, says in (
+        (["--trainer", "tinker", "--tinker-url", closed], "no Tinker service answers"),
+        (["--tinker-url", closed], "--tinker-url is the service of --trainer tinker"),
+    ):
+        argv = [*DEMO, "--out", str(tmp_path / "run"), "--budget", "smoke", *extra]
+        done = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=300)
+        assert done.returncode == 2, done.stderr[-2000:]
+        errors = [line for line in done.stderr.splitlines() if line.startswith("plies demo:")]
+        assert len(errors) == 1 and says in errors[0], done.stderr[-2000:]
+        assert "Traceback" not in done.stderr

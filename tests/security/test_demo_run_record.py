@@ -1,0 +1,43 @@
+"""The demo's `run.json`: written atomically, read strictly, and compared by value."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict, replace
+
+import pytest
+
+from plies.recipes.blackjack import BUDGETS, DemoConfig
+from plies.testing import plies_command
+
+
+def demo(out) -> subprocess.CompletedProcess[str]:
+    argv = plies_command("demo", "blackjack", "--out", str(out), "--budget", "smoke")
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def refused(done: subprocess.CompletedProcess[str], says: str) -> None:
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and says in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", '{"config": {}}'])
+def test_a_damaged_run_json_is_one_line(tmp_path, content):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text(content)
+    refused(demo(out), f"plies demo: {out / 'run.json'} is not a run record")
+    assert (out / "run.json").read_text() == content  # left for the user to look at
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_budget_of_the_same_name_with_other_values_is_refused(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    changed = asdict(replace(BUDGETS["smoke"], warm_steps=BUDGETS["smoke"].warm_steps + 1))
+    key = DemoConfig(out=out, budget="smoke").key()  # the same options, whatever they are
+    (out / "run.json").write_text(json.dumps({"config": key, "budget": changed}))
+    refused(demo(out), "was run with other values of budget 'smoke' (warm_steps differ)")
+    assert not (out / "metrics.jsonl").exists()
