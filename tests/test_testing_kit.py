@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -156,3 +157,44 @@ def test_python_dash_m_plies_is_the_plies_command():
     done = subprocess.run(plies_command("--help"), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "serve" in done.stdout and "models" in done.stdout
+
+
+PARENT = """
+import sys, time
+from plies.testing import plies_command, serve_process_sync
+argv = plies_command("serve", sys.argv[1])
+with serve_process_sync(argv, log=sys.argv[2], ready_timeout=180) as server:
+    print(server.process.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_server_outlives_no_parent_killed_outright(tiny_model_dir, tmp_path):
+    """SIGKILL gives the parent no chance to stop its server, which runs in its own session."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tiny_model_dir), str(tmp_path / "serve.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        server_pid = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while _alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = _alive(server_pid)
+    if alive:
+        os.kill(server_pid, 9)
+    assert not alive, (tmp_path / "serve.log").read_text()[-2000:]
+    assert "is gone; shutting down" in (tmp_path / "serve.log").read_text()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (an exited child of init is reaped at once)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import anyio
 from pydantic import ValidationError
@@ -122,6 +124,8 @@ async def _run(config: ServerConfig, test_faults: bool, sock: socket.socket) -> 
                 tg.cancel_scope.cancel()
 
         tg.start_soon(run_server)
+        if (parent := os.environ.get(PARENT_PID_ENV)) is not None:
+            tg.start_soon(_exit_with_parent, server, int(parent))
         while not server.started:
             await anyio.sleep(0.02)
         ref = app.state.plies.store.latest()
@@ -134,3 +138,20 @@ async def _run(config: ServerConfig, test_faults: bool, sock: socket.socket) -> 
         print(json.dumps(line), flush=True)
         log.info("ready at %s serving %s", line["url"], line["model"])
     return 0 if server.started else 1
+
+
+PARENT_PID_ENV = "PLIES_PARENT_PID"
+"""Set by `plies.testing`'s spawners to the spawning process's pid."""
+
+
+async def _exit_with_parent(server: Any, parent: int) -> None:
+    """Shut down gracefully once the process that started this server is gone.
+
+    A spawned server runs in its own session so that a Ctrl-C meant for its parent does not
+    reach it; a parent killed outright (SIGKILL, OOM) then cannot stop it, and nothing else
+    would: the server would hold its port, memory and state directory forever.
+    """
+    while os.getppid() == parent:
+        await anyio.sleep(1.0)
+    log.warning("the process that started this server (pid %d) is gone; shutting down", parent)
+    server.should_exit = True

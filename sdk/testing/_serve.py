@@ -220,7 +220,13 @@ def _child_options(err: IO[bytes], env: Mapping[str, str] | None) -> dict[str, A
         "stdin": subprocess.DEVNULL,
         "stdout": subprocess.PIPE,
         "stderr": err,
-        "env": {**OFFLINE_ENV, **(os.environ if env is None else env)},
+        # A server exits when this process is gone (`plies serve` watches for it), so killing
+        # a parent outright never leaves its server running in its own session.
+        "env": {
+            **OFFLINE_ENV,
+            **(os.environ if env is None else env),
+            "PLIES_PARENT_PID": str(os.getpid()),
+        },
         "start_new_session": True,
     }
 
