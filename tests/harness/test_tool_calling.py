@@ -94,7 +94,11 @@ def check_exact(traj: Trajectory, client: RecordingClient, renderer: ChatRendere
         assert turn.policy == completion.policy
         assert traj.prompt_ids(k) == sent
         assert sent == full_render(renderer, traj.messages[: assistant_at[k]], tools)
-        assert turn.extends == (turn.fallback is None and k > 0)
+        # A turn extends exactly when its prompt starts with the previous prompt and completion,
+        # whichever way it was rendered; the incremental path always extends.
+        before = [*calls[k - 1][0], *calls[k - 1][1].ids] if k > 0 else None
+        assert turn.extends == (before is not None and sent[: len(before)] == before)
+        assert turn.extends or turn.fallback is not None or k == 0
         assert turn.message == traj.messages[assistant_at[k]]
     assert sum(len(s.tokens) for s in traj.segments()) >= sum(
         len(t.completion_ids) for t in traj.turns

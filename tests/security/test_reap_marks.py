@@ -70,9 +70,13 @@ async def test_a_bare_pid_is_refused(leader):
 
 @pytest.mark.anyio
 async def test_the_reapers_own_group_is_never_signalled():
+    # Refused before any mark is read: the group's leader may have exited long ago (pytest run
+    # from a shell that is gone), and a stale start time must not make the group fair game.
     for pid in (os.getpid(), os.getpgrp()):
         with pytest.raises(ConfigError, match="refusing to signal process group"):
-            await reap_process(process_remote_id(pid))
+            await reap_process(f"{pid}@1")
+    with pytest.raises(ConfigError, match="refusing to signal process group"):
+        await reap_process(process_remote_id(os.getpid()))  # its true mark changes nothing
 
 
 @pytest.mark.anyio
