@@ -29,6 +29,7 @@ from plies.environments import (
 )
 from plies.harness import (
     DEFAULT_ILL_FORMED_REWARD,
+    DEFAULT_UNPAID_REWARD,
     EpisodeLimits,
     IllFormedReward,
     RewardPolicy,
@@ -184,11 +185,17 @@ async def test_sampled_turns_are_recorded_exactly(warm_server, client, renderer)
     schemas = [t.schema() for t in BlackjackEnv().tools()]
     for traj in trajs:
         check_exact(traj, client, renderer, schemas)
-        assert traj.status is Status.COMPLETED and traj.error is None
+        assert traj.error is None
         if traj.info["stop_reason"] == StopReason.DONE:
+            assert traj.status is Status.COMPLETED
             assert traj.reward == traj.info["tool_reward"] and traj.reward in (-1.0, 0.0, 1.0)
             assert not any(t.ill_formed for t in traj.turns)
+        elif traj.info["stop_reason"] == StopReason.MAX_NEW_TOKENS:  # cut off mid-reply
+            assert traj.status is Status.TRUNCATED and traj.turns[-1].finish_reason == "length"
+            paid = traj.info["tool_reward"]
+            assert traj.reward == (DEFAULT_UNPAID_REWARD if paid is None else paid)
         else:  # scored by the default policy, so training sees the format error
+            assert traj.status is Status.COMPLETED
             assert traj.info["stop_reason"] == StopReason.ILL_FORMED
             assert traj.turns[-1].ill_formed and traj.info["stop_detail"]
             assert traj.reward == DEFAULT_ILL_FORMED_REWARD
