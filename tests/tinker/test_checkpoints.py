@@ -56,12 +56,12 @@ def test_a_run_resumed_from_save_weights_steps_as_if_never_stopped(tinker_url, m
         assert abs(fifth - uninterrupted[1]) > 1e-3
 
 
-def test_runs_and_checkpoints_are_listed_and_deleted(new_tenant, model_name):
+def test_runs_and_checkpoints_are_listed_and_deleted(tinker_url, new_tenant, model_name):
     tc = new_tenant(rank=4, seed=1)
     step(tc)
     ckpt = tc.save_state("ckpt1", user_metadata={"step": "1"}).result().path
     sampler = tc.save_weights_for_sampler("s1").result().path
-    rest = tinker.RestClient()
+    rest = tinker.RestClient(base_url=tinker_url, api_key="tml-local")
 
     listed = rest.list_checkpoints(tc.model_id).result().checkpoints
     assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed] == [
@@ -145,11 +145,18 @@ def test_unload_model_frees_one_tenant_and_leaves_the_other(tinker_url, new_tena
     step(kept)
     assert loss(kept) < before
     # The run and its checkpoints outlive the tenant.
-    checkpoints = tinker.RestClient().list_checkpoints(dropped.model_id).result().checkpoints
+    checkpoints = (
+        tinker.RestClient(base_url=tinker_url, api_key="tml-local")
+        .list_checkpoints(dropped.model_id)
+        .result()
+        .checkpoints
+    )
     assert [c.checkpoint_id for c in checkpoints] == ["weights/kept-on-disk"]
 
 
-def test_unnamed_sampler_snapshots_are_pruned_to_the_newest_few(new_tenant, tinker_root):
+def test_unnamed_sampler_snapshots_are_pruned_to_the_newest_few(
+    tinker_url, new_tenant, tinker_root
+):
     from plies.server._tinker._samplers import KEEP_UNNAMED
 
     tc = new_tenant(seed=6)
@@ -170,7 +177,9 @@ def test_unnamed_sampler_snapshots_are_pruned_to_the_newest_few(new_tenant, tink
             old.sample(prompt, 1, params).result()
     assert all(samples(s) for s in [named, *unnamed[2:]])
     # A deleted name makes its snapshot unnamed, and the oldest: it goes at once.
-    tinker.RestClient().delete_checkpoint_from_tinker_path(named_path).result()
+    tinker.RestClient(base_url=tinker_url, api_key="tml-local").delete_checkpoint_from_tinker_path(
+        named_path
+    ).result()
     with pytest.raises(tinker.BadRequestError, match="was deleted"):
         named.sample(prompt, 1, params).result()
     newest = tc.save_weights_and_get_sampling_client().result()
