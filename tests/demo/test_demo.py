@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from demo_runs import records, wait
 
 from plies.runtime import read_groups
 from plies.testing import plies_command
@@ -24,24 +25,6 @@ def demo(out: Path, *args: str) -> subprocess.Popen:
         [*DEMO, "--out", str(out), "--budget", "smoke", *args],
         stdout=log, stderr=subprocess.STDOUT, env=ENV,
     )  # fmt: skip
-
-
-def records(out: Path, kind: str) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [r for r in lines if r["kind"] == kind]
-
-
-def wait(proc: subprocess.Popen, out: Path, timeout: float) -> int:
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        log = (out.parent / f"{out.name}.log").read_text(errors="replace")[-3000:]
-        pytest.fail(f"the demo did not finish in {timeout}s:\n{log}")
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from demo_runs import records, wait
 
 from plies import PolicyRef
 from plies.recipes.blackjack import BUDGETS
@@ -36,24 +37,6 @@ def demo(out: Path) -> subprocess.Popen:
     log = (out.parent / f"{out.name}.log").open("ab")
     argv = [*DEMO, "--out", str(out), "--budget", "smoke", "--trainer", "tinker"]
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
-
-
-def records(out: Path, kind: str) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [r for r in lines if r["kind"] == kind]
-
-
-def wait(proc: subprocess.Popen, out: Path, timeout: float) -> int:
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        log = (out.parent / f"{out.name}.log").read_text(errors="replace")[-3000:]
-        pytest.fail(f"the demo did not finish in {timeout}s:\n{log}")
 
 
 def runs(out: Path) -> dict[str, list[dict]]:
