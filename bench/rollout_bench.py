@@ -1,7 +1,7 @@
 """Rollout throughput on the real path, side by side with the runtime's bare episode.
 
     python bench/rollout_bench.py [--latency 0.1] [--concurrency 32 256 1024] [--turns 8]
-        [--template qwen3_training] [--profile PATH]
+        [--template qwen3_training] [--profile PATH] [--gc-threshold N]
 
 Both paths sample from one IN-PROCESS SCRIPTED POLICY (this bench only): every `sample`
 waits exactly L seconds (an `anyio.sleep`, no CPU) and returns the same tool call, validated
@@ -29,8 +29,9 @@ turn by stage (exclusive CPU time of each call, in whichever thread it ran): ren
 (`Conversation.arender` / `render`), parse (`Conversation.add_completion`), tool
 (`Env.call_tool`, `Conversation.add_messages`), record (`Turn.from_completion`,
 `EpisodeContext.add_turn`), sink (`JsonlSink.write` and `sync`, run by the resources scope's
-writer thread), the scripted policy's own `sample` (not plies), and the rest: the driver,
-pools, leases, anyio and thread hand-offs. `--profile PATH` also runs
+writer thread), the scripted policy's own `sample` (not plies), the cyclic garbage
+collector's passes (gc: whoever allocates triggers them, so they get their own column), and
+the rest: the driver, pools, leases, anyio and thread hand-offs. `--profile PATH` also runs
 cProfile (main thread and worker threads) in that run and writes merged stats to PATH.
 
 Targets (issue 13), one process, harness path, C=256, L=100 ms: >= 70% of ideal and
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import os
 import pstats
 import tempfile
@@ -195,9 +197,24 @@ class Stages:
         setattr(owner, attr, classmethod(timed) if isinstance(original, classmethod) else timed)
         self._undo.append((owner, attr, original))
 
+    def time_gc(self) -> None:
+        """Count the cyclic garbage collector's passes as their own stage, not the caller's."""
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                self.enter("gc")
+            else:
+                self.exit()
+
+        gc.callbacks.append(on_gc)
+        self._undo.append((gc, "callbacks", on_gc))
+
     def restore(self) -> None:
         for owner, attr, original in reversed(self._undo):
-            setattr(owner, attr, original)
+            if owner is gc:
+                gc.callbacks.remove(original)
+            else:
+                setattr(owner, attr, original)
         self._undo.clear()
 
 
@@ -281,9 +298,10 @@ def instrument(stages: Stages) -> None:
     stages.wrap(JsonlSink, "write", "sink")  # the scope's writer: each group's line ...
     stages.wrap(JsonlSink, "sync", "sink")  # ... and one fsync per batch, in a worker thread
     stages.wrap(ScriptedPolicy, "sample", "policy")
+    stages.time_gc()
 
 
-STAGES = ("render", "parse", "tool", "record", "sink", "policy")
+STAGES = ("render", "parse", "tool", "record", "sink", "policy", "gc")
 
 
 # -- one measured run ---------------------------------------------------------------------------
@@ -469,13 +487,25 @@ def main() -> None:
     parser.add_argument("--template", default="qwen3_training", help="a TRL template name")
     parser.add_argument("--no-stages", action="store_true", help="skip the per-stage runs")
     parser.add_argument("--profile", type=Path, help="write merged cProfile stats here")
+    parser.add_argument(
+        "--gc-threshold",
+        type=int,
+        help="what a rollout process may do about the collector: after loading, gc.freeze() "
+        "and gc.set_threshold(N, 10, 10) (default: Python's own settings)",
+    )
     args = parser.parse_args()
 
     setup = load_setup(args)
+    if args.gc_threshold is not None:
+        gc.collect()
+        gc.freeze()  # what was loaded (modules, tokenizer) is never scanned again
+        gc.set_threshold(args.gc_threshold, 10, 10)
+    frozen = ", loaded state frozen" if gc.get_freeze_count() else ""
     print(
         f"scripted in-process policy (bench only): L = {args.latency * 1000:g} ms, "
         f"{args.turns} turns/episode, template {args.template}; window {args.window:g} s after "
-        f"the warm-up; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+        f"the warm-up; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+        f"gc thresholds {gc.get_threshold()}{frozen}"
     )
     print("CPU/turn: process CPU time (all threads) over the window / turns in the window")
     print("worst stall: wall (and, in brackets, the loop thread's own CPU during it)")
@@ -527,6 +557,7 @@ def main() -> None:
         split["rest"] = row.window_cpu_s - sum(split.values())
         cells = " ".join(f"{split[k] / n * 1e6:>8.0f}" for k in names)
         print(f"{c:>5} {cells} {row.window_cpu_s / n * 1e6:>8.0f}")
+    print("gc: the cyclic garbage collector's passes, in whichever stage triggered them")
     print("rest: driver, pools, leases and their Settling blocks, anyio, thread hand-offs")
 
 

@@ -1,8 +1,10 @@
 """Reference server throughput against transformers `generate`, measured side by side.
 
-Starts `plies serve` on the tiny model, samples at concurrency 1, 8 and 32 through
-`VLLMClient`, then runs transformers `generate` one request at a time on the same model, the
-same prompts and the same number of new tokens, and prints tokens/s and the ratios.
+Starts `plies serve` on the tiny model, batched and then `--batch-invariant` (every request
+decoded alone, so its logprobs are reproducible bit for bit), samples at concurrency 1, 8 and
+32 through `VLLMClient`, then runs transformers `generate` one request at a time on the same
+model, the same prompts and the same number of new tokens, and prints tokens/s, the ratios
+to `generate`, and what batch invariance costs at each concurrency.
 
     python bench/sampler_bench.py [--tokens 64] [--threads 1]
 """
@@ -22,6 +24,8 @@ from plies.policy import SamplingParams, Timeout, VLLMClient
 from plies.testing import plies_command, serve_process_sync, tiny_model_dir
 
 LEVELS = (1, 8, 32)
+MODES = {"batched": (), "--batch-invariant": ("--batch-invariant",)}
+"""The server's two sampling modes, by the flags that select them."""
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -77,20 +81,27 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = tiny_model_dir()
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = plies_command("serve", str(model_dir), "--state-dir", str(Path(tmp) / "state"))
-        cmd += ["--threads", str(args.threads)]
-        with serve_process_sync(cmd, log=Path(tmp) / "serve.log") as server:
-            rates = {
-                c: anyio.run(server_rate, server.url, server.ready["model"], c, args.tokens)
-                for c in LEVELS
-            }
+    rates: dict[str, dict[int, float]] = {}
+    for mode, flags in MODES.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = plies_command("serve", str(model_dir), "--state-dir", str(Path(tmp) / "state"))
+            cmd += ["--threads", str(args.threads), *flags]
+            with serve_process_sync(cmd, log=Path(tmp) / "serve.log") as server:
+                rates[mode] = {
+                    c: anyio.run(server_rate, server.url, server.ready["model"], c, args.tokens)
+                    for c in LEVELS
+                }
     baseline = generate_rate(model_dir, args.tokens, 4)
     print(f"tiny Qwen3, {args.tokens} new tokens per request, {args.threads} torch thread(s)")
-    print(f"{'sampler':<34}{'tokens/s':>10}{'vs generate':>14}")
-    print(f"{'transformers generate, one at a time':<34}{baseline:>10.1f}{1.0:>13.2f}x")
-    for c, rate in rates.items():
-        print(f"{f'plies serve, concurrency {c}':<34}{rate:>10.1f}{rate / baseline:>13.2f}x")
+    print(f"{'sampler':<48}{'tokens/s':>10}{'vs generate':>14}")
+    print(f"{'transformers generate, one at a time':<48}{baseline:>10.1f}{1.0:>13.2f}x")
+    for mode, by_level in rates.items():
+        for c, rate in by_level.items():
+            name = f"plies serve {mode}, concurrency {c}"
+            print(f"{name:<48}{rate:>10.1f}{rate / baseline:>13.2f}x")
+    for c in LEVELS:
+        cost = rates["batched"][c] / rates["--batch-invariant"][c]
+        print(f"concurrency {c}: batched / batch-invariant tokens/s = {cost:.2f}x")
 
 
 if __name__ == "__main__":

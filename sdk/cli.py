@@ -52,6 +52,10 @@ def serve(
     host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port; 0 picks a free one.")] = 0,
     max_batch_size: Annotated[int, typer.Option(help="Rows per forward pass.")] = 32,
+    batch_invariant: Annotated[
+        bool,
+        typer.Option(help="Decode each request alone: logprobs reproducible bit for bit."),
+    ] = False,
     max_queued: Annotated[int, typer.Option(help="In-flight requests before 503.")] = 1024,
     max_model_len: Annotated[int, typer.Option(help="Prompt + completion tokens.")] = 4096,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
@@ -92,6 +96,7 @@ def serve(
             host=host,
             port=port,
             max_batch_size=max_batch_size,
+            batch_invariant=batch_invariant,
             max_queued=max_queued,
             max_model_len=max_model_len,
             device=device,
@@ -222,15 +227,31 @@ def demo_blackjack(
         str | None,
         typer.Option(help="The Tinker service for --trainer tinker (default: TINKER_BASE_URL)."),
     ] = None,
+    keep_policies: Annotated[
+        str,
+        typer.Option(
+            help="Newest GRPO policies kept on disk (each ~56 MB), besides the warm start's "
+            "and the base model; 'all' keeps every one."
+        ),
+    ] = "3",
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Remove the run already in --out and start over.")
+    ] = False,
 ) -> None:
     """Warm-start the tiny model, then train it at Blackjack with GRPO (Ctrl-C, then resume)."""
     from ._exceptions import ConfigError
     from .recipes.blackjack import main
 
     try:
+        keep = None if keep_policies == "all" else int(keep_policies)
+    except ValueError:
+        typer.echo(f"plies demo: --keep-policies {keep_policies!r}: a number or 'all'", err=True)
+        raise typer.Exit(2) from None
+    try:
         code = main(
-            out, budget=budget, env=env, sandbox=sandbox, trainer=trainer, tinker_url=tinker_url
-        )
+            out, budget=budget, env=env, sandbox=sandbox, trainer=trainer, tinker_url=tinker_url,
+            keep_policies=keep, fresh=fresh,
+        )  # fmt: skip
     except ConfigError as err:
         typer.echo(f"plies demo: {err}", err=True)
         raise typer.Exit(2) from None
@@ -282,7 +303,9 @@ def view(
 @app.command("replay")
 def replay(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (plies demo blackjack --out).")],
-    group: Annotated[str, typer.Option(help="The id of a group in RUN_DIR/groups.jsonl.")],
+    group: Annotated[
+        str | None, typer.Option(help="The id of a group in RUN_DIR/groups.jsonl.")
+    ] = None,
     member: Annotated[
         int | None, typer.Option(help="One member (0-based); default: every member.")
     ] = None,
@@ -292,33 +315,63 @@ def replay(
     temperature: Annotated[
         float, typer.Option(help="Sampling temperature, with --max-tokens.")
     ] = 1.0,
+    train_only: Annotated[
+        bool,
+        typer.Option(
+            "--train-only", help="Re-feed training step --step to a trainer restored at it."
+        ),
+    ] = False,
+    step: Annotated[
+        int | None, typer.Option(help="With --train-only: the step in RUN_DIR/metrics.jsonl.")
+    ] = None,
 ) -> None:
-    """Re-sample a recorded episode on the reference server; compare turn by turn."""
+    """Re-sample a recorded episode on the reference server, or re-feed a training step;
+    compare with the record."""
     import anyio
 
     from ._exceptions import ConfigError, PliesError
     from .policy import SamplingParams
-    from .view import replay_group
+    from .view import replay_group, replay_step
 
+    if train_only and (step is None or group is not None or member is not None):
+        typer.echo("plies replay: --train-only takes --step N, and no --group/--member", err=True)
+        raise typer.Exit(2)
+    if not train_only and (group is None or step is not None):
+        typer.echo("plies replay: give --group G (or --train-only --step N)", err=True)
+        raise typer.Exit(2)
     params = None
     if max_tokens is not None:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
     try:
-        members = anyio.run(lambda: replay_group(run_dir, group, member=member, params=params))
+        if train_only:
+            assert step is not None
+            from .recipes.blackjack.grpo import retrain  # the only recipe with steps so far
+
+            replayed = anyio.run(lambda: replay_step(run_dir, step, train=retrain))
+        else:
+            members = anyio.run(lambda: replay_group(run_dir, group, member=member, params=params))
     except (ConfigError, PliesError) as err:
         typer.echo(f"plies replay: {err}", err=True)
         raise typer.Exit(2) from None
+    if train_only:
+        for line in replayed.lines():
+            typer.echo(line)
+        raise typer.Exit(0 if replayed.exact else 1)
     unequal = 0
     for m in members:
         for t in m.turns:
-            same = "exact" if t.exact else ("tokens equal" if t.tokens_equal else "DIFFERENT")
+            if m.reproduced(t):
+                same = "exact" if t.exact else "tokens equal"
+            else:
+                same = "DIFFERENT" if not t.tokens_equal else "LOGPROBS NOT EXACT"
             where = "" if t.tokens_equal else f", first difference at token {t.first_difference}"
             delta = "-" if t.max_logprob_difference is None else f"{t.max_logprob_difference:.3g}"
             typer.echo(
                 f"member {m.member} turn {t.turn} policy v{t.version}: {t.replayed}/{t.recorded} "
                 f"tokens, max |logprob difference| {delta}: {same}{where}"
             )
-            unequal += not t.tokens_equal
+            unequal += not m.reproduced(t)
     turns = sum(len(m.turns) for m in members)
-    typer.echo(f"{turns - unequal} of {turns} turns reproduced")
+    exactly = " exactly" if members and members[0].exact_expected else ""
+    typer.echo(f"{turns - unequal} of {turns} turns reproduced{exactly}")
     raise typer.Exit(1 if unequal else 0)

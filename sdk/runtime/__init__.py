@@ -5,14 +5,18 @@
 - `Pool` (`EnvPool`, `HarnessPool`) lends `Lease`s on resources it creates and tears down;
   `lease.operation(name)` marks remote work that cancellation waits for. A resource that
   `HoldsRemote` names its remote state as `RemoteRef`s, which a quarantine report lists.
-- `RolloutDriver` runs episodes of admitted groups and hands back complete groups.
+- `RolloutDriver` runs episodes of admitted groups and hands back complete groups;
+  `ShardedDriver` (the `plies[ray]` extra) does the same over rollout shards on Ray actors.
 - `run` wraps a script's main with three-step Ctrl-C handling; `JsonlSink` and `read_jsonl`
-  write and read records a crash cannot corrupt; `reap_report` (`plies reap`) tears down
-  what a quarantine report lists.
+  write and read records a crash cannot corrupt, `write_atomic` and `fsync_dir` replace and
+  flush the files beside them; `reap_report` (`plies reap`) tears down what a quarantine
+  report lists.
 """
 
 import inspect
 
+from .._durable import fsync_dir as fsync_dir
+from .._durable import write_atomic as write_atomic
 from ._driver import DriverState as DriverState
 from ._driver import DriverStatistics as DriverStatistics
 from ._driver import RolloutDriver as RolloutDriver
@@ -40,6 +44,10 @@ from ._report import read_report as read_report
 from ._resources import ResourcesStatistics as ResourcesStatistics
 from ._resources import RolloutResources as RolloutResources
 from ._settle import SettlingState as SettlingState
+from ._shard import ShardSetup as ShardSetup
+from ._sharded import ShardedDriver as ShardedDriver
+from ._sharded import ShardLost as ShardLost
+from ._sharded import ShardStatistics as ShardStatistics
 from ._signals import Interrupts as Interrupts
 from ._signals import run as run
 from ._sink import JsonlRead as JsonlRead
@@ -75,7 +83,12 @@ __all__ = [
     "RolloutDriver",
     "RolloutResources",
     "SettlingState",
+    "ShardLost",
+    "ShardSetup",
+    "ShardStatistics",
+    "ShardedDriver",
     "builtin_reapers",
+    "fsync_dir",
     "process_remote_id",
     "read_groups",
     "read_jsonl",
@@ -83,6 +96,7 @@ __all__ = [
     "reap_process",
     "reap_report",
     "run",
+    "write_atomic",
 ]
 
 for _name in __all__:

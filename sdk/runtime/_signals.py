@@ -25,12 +25,12 @@ import atexit
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypeVar
 
 import anyio
 from anyio import CancelScope
 
-from ._driver import DriverState, RolloutDriver
+from ._driver import DriverState, DriverStatistics
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "Interrupts", "run"]
 
@@ -38,6 +38,20 @@ EXIT_INTERRUPTED = 130
 """128 + SIGINT, what shells report for a run stopped by Ctrl-C."""
 EXIT_TERMINATED = 143
 """128 + SIGTERM, for a run stopped by SIGTERM."""
+
+
+class Interruptible(Protocol):
+    """What Ctrl-C steps act on: `RolloutDriver`, or `ShardedDriver` fanning out to shards."""
+
+    @property
+    def state(self) -> DriverState: ...
+    def poll(self) -> DriverStatistics: ...
+    def close_admission(self) -> None: ...
+    def cancel(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+D = TypeVar("D", bound=Interruptible)
 
 
 class Interrupts:
@@ -52,10 +66,10 @@ class Interrupts:
         self.count = 0
         self.terminated = False
         self._stream = stream
-        self._drivers: list[RolloutDriver] = []
+        self._drivers: list[Interruptible] = []
         self._main: CancelScope | None = None
 
-    def attach(self, driver: RolloutDriver) -> RolloutDriver:
+    def attach(self, driver: D) -> D:
         """Apply interrupts to `driver`, including any received before it was attached."""
         self._drivers.append(driver)
         _escalate(driver, self.count)
@@ -92,7 +106,7 @@ class Interrupts:
             self._main.cancel()
 
 
-def _escalate(driver: RolloutDriver, step: int) -> None:
+def _escalate(driver: Interruptible, step: int) -> None:
     """Bring one driver to `step`: one place, so a late-attached driver catches up exactly."""
     if step >= 3:
         driver.abort()

@@ -75,6 +75,12 @@ class ServerConfig(BaseModel):
     max_model_len: int = Field(
         default=4096, ge=2, description="Prompt plus completion tokens allowed per request."
     )
+    batch_invariant: bool = Field(
+        default=False,
+        description="Decode every request alone, so its logprobs do not depend on what else is "
+        "in flight and a seeded request is reproduced bit for bit (`plies replay`); costs the "
+        "throughput of batching (bench/sampler_bench.py).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: cuda when available, else cpu."
     )

@@ -16,6 +16,17 @@ the HTTP server stay responsive):
 
 A batch is tied to one loaded model object, not a name: reloading a name in place starts a
 new batch while the old one finishes on the weights it started with.
+
+Batch-invariant mode (`ServerConfig.batch_invariant`, `plies serve --batch-invariant`): every
+request is a batch of its own, prefilled and decoded alone, without padding. The logits a
+request gets then do not depend on which other requests were in flight: a float32 matmul
+rounds a row differently with the number of rows it multiplies (with MKL, a row multiplied
+alone never has the bits it gets in a product of 2 to 11 rows) and attention sums over left
+padding in another order, so in a shared batch the same prompt and seed give the same
+tokens but logprobs that differ in the last bits. Alone, a seeded request is reproduced bit
+for bit (`plies replay`). The cost is the batching itself: `bench/sampler_bench.py` prints
+both modes side by side (a half to a quarter of the tokens/s at concurrency 8 to 32 on the
+tiny model, where batching pays most).
 """
 
 from __future__ import annotations
@@ -301,7 +312,9 @@ class Engine:
                 req.done.set()
 
     def _admit(self) -> list[_Request]:
-        rows = {key: len(b.requests) for key, b in self._batches.items()}
+        rows: dict[int, int] = {}  # running rows per loaded policy
+        for b in self._batches.values():
+            rows[id(b.policy)] = rows.get(id(b.policy), 0) + len(b.requests)
         admitted: list[_Request] = []
         keep: deque[_Request] = deque()
         for req in self._waiting:
@@ -322,8 +335,9 @@ class Engine:
                 if req.cancelled:
                     req.finish = "abort"
                     finished.append(req)
-                else:
-                    groups.setdefault(id(req.policy), []).append(req)
+                else:  # batch-invariant: every request is a batch of its own, never merged
+                    key = id(req) if self.config.batch_invariant else id(req.policy)
+                    groups.setdefault(key, []).append(req)
             for key, reqs in groups.items():
                 try:
                     batch = self._prefill(reqs)

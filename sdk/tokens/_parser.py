@@ -85,6 +85,8 @@ class ResponseParser:
     ):
         self._tokenizer = tokenizer
         self._template = response_template
+        # Compiled once: `parse_response` compiles a dict template's regexes on every call.
+        self._schema = _compiled(response_template)
         self._tools = list(tools) if tools else None
         self._default_prefix = default_prefix
         self.source = source
@@ -161,12 +163,17 @@ class ResponseParser:
         ids = list(completion_ids)
         if self._template is None:
             return ParsedResponse(content=self._plain_text(ids))
-        prefix: str | list[int] = (
-            list(prompt_ids[-_PREFIX_TOKENS:]) if prompt_ids is not None else self._default_prefix
-        )
+        tokenizer = self._tokenizer
         try:
-            parsed = self._tokenizer.parse_response(
-                ids, schema=self._template, prefix=prefix, tools=self._tools
+            # Decoded here as `parse_response` would decode them, so it gets text to parse.
+            text = tokenizer.decode(ids)
+            prefix = (
+                tokenizer.decode(list(prompt_ids[-_PREFIX_TOKENS:]))
+                if prompt_ids is not None
+                else self._default_prefix
+            )
+            parsed = tokenizer.parse_response(
+                text, schema=self._schema, prefix=prefix, tools=self._tools
             )
             if not isinstance(parsed, dict):
                 raise ValueError(f"parser returned {type(parsed).__name__}, not a message")
@@ -210,6 +217,20 @@ def _checked(parsed: dict[str, Any], eos: str | None) -> ParsedResponse:
             {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
         )
     return ParsedResponse(content=content, reasoning=reasoning, tool_calls=checked)
+
+
+def _compiled(template: dict[str, Any] | None) -> Any:
+    """The response template compiled for transformers' parser, or as given when it cannot be
+    (an invalid template then fails each parse, as ill-formed output, exactly as before)."""
+    if template is None:
+        return None
+    try:
+        from transformers.utils.chat_parsing.response_templates import load_response_template
+
+        return load_response_template(template)
+    except (ImportError, ValueError, TypeError, KeyError) as exc:
+        log.debug("response template kept uncompiled: %r", exc)
+        return template
 
 
 def _trl_response_template(text: str) -> dict[str, Any] | None:

@@ -6,6 +6,14 @@ The step: after an assistant turn A (sampled as `completion`) and new messages M
 after the context's own prompt: what follows is the delta. Before trusting it, check locally
 that the rendered A equals the sampled completion token for token; else report why not.
 
+Only the tail of that render is tokenized: from the last added token of the context's own
+prompt on (`Split`). A fast tokenizer cuts its input at every added token before it runs the
+pre-tokenizer and the model on the pieces between, so the ids of a text that begins with the
+context's prompt are the context's ids up to the cut plus the ids of the tail alone, provided
+no other added token can match across the cut (checked per vocabulary) and the cut tokenizes
+that way on the context itself (checked per key). Tokenizing the system message and its tool
+schemas every turn, to cut them away again, was most of a turn's cost.
+
 The probe: run synthetic episodes (tool rounds, parallel calls, reasoning, new user turns)
 through that same step and compare every result with a full `apply_chat_template` render.
 A transition kind on which the step ever produced a wrong prompt is never taken
@@ -16,6 +24,7 @@ counters, moved tool blocks).
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -30,9 +39,11 @@ __all__ = [
     "Fallback",
     "FallbackReason",
     "KindVerdict",
+    "Split",
     "TemplateProfile",
     "TransitionKind",
     "classify",
+    "find_splits",
     "incremental_delta",
     "probe",
 ]
@@ -106,6 +117,23 @@ class KindVerdict:
 
 
 @dataclass(frozen=True)
+class Split:
+    """A cut in the context's prompt text where a render may be tokenized in two halves.
+
+    Every text that starts with `prefix` tokenizes as `ids_before` + the ids of the text from
+    `at` on: `at` is where an added token starts (one no other added token can overlap), and
+    `prefix` runs to that token's end, so a text with this prefix matches the same token there.
+    """
+
+    at: int
+    """Position in the context's prompt text where the added token starts."""
+    prefix: str
+    """The context's prompt text up to the end of that token."""
+    ids_before: int
+    """How many of the context's prompt ids come before the cut."""
+
+
+@dataclass(frozen=True)
 class TemplateProfile:
     """Everything the renderer knows about one template key, computed once."""
 
@@ -118,6 +146,24 @@ class TemplateProfile:
     context_prompt: tuple[int, ...]
     """Ids of `context` with the generation prompt: every synthetic render starts with them."""
     verdicts: dict[TransitionKind, KindVerdict]
+    context_text: str = ""
+    """The text of `context` with the generation prompt ("" when it did not render)."""
+    splits: tuple[Split, ...] = ()
+    """Verified cuts in `context_text`, last first; empty: tokenize every render whole."""
+
+    def encode_render(self, template: Template, text: str) -> list[int]:
+        """Ids of `text`, a render of this key, reusing the context's ids where it shares them.
+
+        Equal to `template.encode(text)`; only the part after the last cut `text` shares with
+        the context's prompt is tokenized (the whole text when it shares none).
+        """
+        for split in self.splits:
+            if text.startswith(split.prefix):
+                return [
+                    *self.context_prompt[: split.ids_before],
+                    *template.encode(text[split.at :]),
+                ]
+        return template.encode(text)
 
 
 _USER = "Plies probe question."
@@ -160,21 +206,29 @@ def incremental_delta(
 ) -> list[int] | Fallback:
     """The ids that follow `completion` (close token included), or why they cannot be trusted.
 
-    Cost: one render of the bounded context plus the new turn and messages.
+    Cost: one text render of the bounded context plus the new turn and messages, and
+    tokenizing what follows the context's last cut: O(new tokens).
     """
     assert profile.close_id is not None
-    context = list(profile.context)
+    messages = [*profile.context, assistant, *new_messages]
+    n = len(profile.context_prompt)
     try:
-        ids = template.render([*context, assistant, *new_messages], generation_prompt=True)
+        if profile.splits:
+            text = template.text_of(messages, generation_prompt=True)
+            split = profile.splits[0]
+            if not text.startswith(profile.context_text):
+                return _prefill_dropped()
+            # Only the tail is tokenized; `ids` holds the context's ids before the cut.
+            ids = template.encode(text[split.at :])
+            n -= split.ids_before
+            if ids[:n] != list(profile.context_prompt[split.ids_before :]):
+                return _prefill_dropped()
+        else:
+            ids = template.render(messages, generation_prompt=True)
+            if tuple(ids[:n]) != profile.context_prompt:
+                return _prefill_dropped()
     except TokenizationError as err:
         return Fallback(-1, FallbackReason.RENDER_ERROR, str(err))
-    n = len(profile.context_prompt)
-    if tuple(ids[:n]) != profile.context_prompt:
-        return Fallback(
-            -1,
-            FallbackReason.PREFILL_DROPPED,
-            "the generation prompt is not kept when the assistant turn sits in history",
-        )
     try:
         cut = ids.index(profile.close_id, n) + 1
     except ValueError:
@@ -182,6 +236,14 @@ def incremental_delta(
     if ids[n:cut] != list(completion):
         return _why_differs(template, profile, assistant, completion, kind)
     return ids[cut:]
+
+
+def _prefill_dropped() -> Fallback:
+    return Fallback(
+        -1,
+        FallbackReason.PREFILL_DROPPED,
+        "the generation prompt is not kept when the assistant turn sits in history",
+    )
 
 
 def _why_differs(
@@ -237,6 +299,70 @@ def find_close_token(template: Template, context: list[dict[str, Any]]) -> tuple
     return added[token], token
 
 
+def find_splits(template: Template, text: str, ids: Sequence[int]) -> tuple[Split, ...]:
+    """The cuts in `text` (a render whose ids are `ids`) where the tail tokenizes alone.
+
+    A cut sits where an added token starts that the vocabulary lets no other added token
+    overlap, and is kept only when the text on each side of it tokenizes alone to exactly
+    its part of `ids` (so the encoder agrees with the renderer's, split-special-tokens
+    settings and all). Last cut first. Empty for slow tokenizers, whose splitting is not
+    the backend's.
+    """
+    if not text or not ids or not getattr(template.tokenizer, "is_fast", False):
+        return ()
+    safe = _splittable(template.tokenizer)
+    starts = sorted({(i, token) for token in safe for i in _occurrences(text, token)}, reverse=True)
+    splits = []
+    for at, token in starts[:_MAX_CUTS]:
+        tail = template.encode(text[at:])
+        before = len(ids) - len(tail)
+        if (
+            tail
+            and before >= 0
+            and list(ids[before:]) == tail
+            and template.encode(text[:at]) == list(ids[:before])
+        ):
+            splits.append(Split(at, text[: at + len(token)], before))
+    return tuple(splits)
+
+
+_MAX_CUTS = 8
+"""Cuts tried per key, last first: the incremental step uses the last, a first render the
+one before its first message after the system turn; each try tokenizes the context once."""
+
+
+def _occurrences(text: str, token: str) -> list[int]:
+    found, i = [], text.find(token)
+    while i >= 0:
+        found.append(i)
+        i = text.find(token, i + 1)
+    return found
+
+
+def _splittable(tokenizer: Any) -> set[str]:
+    """Added tokens a text may be cut before: matched verbatim, and never part of a longer or
+    overlapping match of another added token (leftmost-longest matching would prefer it)."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    tokens = [t for t in decoder.values() if getattr(t, "content", "")]
+    contents = sorted({t.content for t in tokens})
+    by_char: dict[str, list[tuple[str, int]]] = {}
+    for c in contents:
+        for j in range(1, len(c)):
+            by_char.setdefault(c[j], []).append((c, j))
+    safe = set()
+    for t in tokens:
+        s = t.content
+        if t.normalized or t.lstrip or t.rstrip or t.single_word:
+            continue
+        k = bisect.bisect_right(contents, s)
+        if k < len(contents) and contents[k].startswith(s):
+            continue  # a longer added token starts with this one
+        if any(c[j:].startswith(s) or s.startswith(c[j:]) for c, j in by_char.get(s[0], ())):
+            continue  # another added token could match across the cut
+        safe.add(s)
+    return safe
+
+
 def probe(template: Template) -> TemplateProfile:
     """Run the synthetic episodes for one template key and return its profile."""
     context: list[dict[str, Any]] = [{"role": "user", "content": _USER}]
@@ -245,9 +371,19 @@ def probe(template: Template) -> TemplateProfile:
     close_id, close_detail = find_close_token(template, context)
     try:
         context_prompt = tuple(template.render(context, generation_prompt=True))
+        context_text = template.text_of(context, generation_prompt=True)
     except TokenizationError as err:
-        close_id, close_detail, context_prompt = None, str(err), ()
-    base = TemplateProfile(template.key, close_id, close_detail, tuple(context), context_prompt, {})
+        close_id, close_detail, context_prompt, context_text = None, str(err), (), ""
+    base = TemplateProfile(
+        template.key,
+        close_id,
+        close_detail,
+        tuple(context),
+        context_prompt,
+        {},
+        context_text,
+        find_splits(template, context_text, context_prompt),
+    )
     if close_id is None:
         reason = FallbackReason.CLOSE_TOKEN
         verdicts = {k: KindVerdict(k, False, reason, close_detail) for k in TransitionKind}

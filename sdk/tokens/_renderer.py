@@ -38,6 +38,9 @@ __all__ = ["ChatRenderer", "Conversation", "PromptDelta"]
 log = logging.getLogger("plies.tokens")
 
 _FINISH_REASONS = ("stop", "length", "abort")
+_INLINE_OPENING_CHARS = 4096
+"""Opening messages up to this many characters are rendered on the event loop once their key
+is probed (bench/rollout_bench.py: the render then costs less than a thread hand-off)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,10 @@ class ChatRenderer:
         )
         return self.profile(tpl)
 
+    def probed(self, template: Template) -> TemplateProfile | None:
+        """The probe's verdicts for `template`'s key if it was probed already (never probes)."""
+        return self._profiles.get(template.key)
+
     def profile(self, template: Template) -> TemplateProfile:
         """The probe's verdicts for `template`'s key, probing on first use."""
         found = self._profiles.get(template.key)
@@ -204,6 +211,7 @@ class Conversation:
         self._system = self._messages[0] if self._messages[0]["role"] == "system" else None
         self._tools = tools
         self._template = renderer.template(tools, self._system)
+        self._parser: ResponseParser | None = None  # for these tools, looked up on first use
         self._turn = 0
         self._prompt: list[int] = []
         self._delta = PromptDelta([], False)
@@ -260,7 +268,7 @@ class Conversation:
         if not self._dirty:
             return self._prompt
         if self._base is None:
-            ids = self._template.render(self._messages, generation_prompt=True)
+            ids = self._full_render()
             self._prompt, self._delta = ids, PromptDelta(list(ids), False)
         else:
             self._advance()
@@ -272,11 +280,14 @@ class Conversation:
 
         The incremental step is bounded (a short synthetic context and the new messages) and
         runs inline: a thread hand-off costs more than it does (bench/rollout_bench.py). A full
-        render is O(history) and runs in a worker thread.
+        render is O(history) and runs in a worker thread, except a short opening of a probed
+        key, which only tokenizes what follows the system message.
         """
         if not self._dirty:
             return self._prompt
         if self._base is None:
+            if self._short_opening():
+                return self.render()
             return await anyio.to_thread.run_sync(self.render)
         outcome = self._incremental()
         if isinstance(outcome, list):
@@ -315,7 +326,9 @@ class Conversation:
         prompt = self.render()
         ids = list(completion_ids)
         if message is None:
-            parsed = self._renderer.parser(self._tools).parse(ids, prompt_ids=prompt)
+            if self._parser is None:
+                self._parser = self._renderer.parser(self._tools)
+            parsed = self._parser.parse(ids, prompt_ids=prompt)
             message = parsed.to_message()
         else:
             message = _checked_message(message)
@@ -357,7 +370,7 @@ class Conversation:
         template = self._renderer.template(schemas, self._system)
         if template.key != self._template.key and self._base is not None:
             self._forced = Fallback(self._turn, FallbackReason.KEY_CHANGED, "tools changed")
-        self._tools, self._template = schemas, template
+        self._tools, self._template, self._parser = schemas, template, None
         self._dirty = True
 
     def _advance(self, outcome: list[int] | Fallback | None = None) -> None:
@@ -376,7 +389,7 @@ class Conversation:
             self._prompt, self._delta = self._base, PromptDelta(outcome, True)
             return
         fallback = Fallback(self._turn, outcome.reason, outcome.detail)
-        ids = self._template.render(self._messages, generation_prompt=True)
+        ids = self._full_render()
         self.fallbacks.append(fallback)
         n = self._base_len
         if len(ids) >= n and ids[:n] == self._base[:n]:
@@ -389,6 +402,31 @@ class Conversation:
             self._prompt, self._delta = self._base, PromptDelta(delta, True, fallback)
             return
         self._prompt, self._delta = ids, PromptDelta(list(ids), False, fallback)
+
+    def _full_render(self) -> list[int]:
+        """The whole prompt, equal to `apply_chat_template`; once the key is probed, the ids
+        of the text the render shares with the probe's context (the system message and its
+        tool schemas, usually) are reused instead of tokenized again."""
+        profile = self._renderer.probed(self._template)
+        if profile is None or not profile.splits:
+            return self._template.render(self._messages, generation_prompt=True)
+        text = self._template.text_of(self._messages, generation_prompt=True)
+        return profile.encode_render(self._template, text)
+
+    def _short_opening(self) -> bool:
+        """Whether the first render is cheap enough to run inline: a probed key (only the
+        opening messages get tokenized) and openings short enough that a thread hand-off
+        would cost more than the render."""
+        profile = self._renderer.probed(self._template)
+        if profile is None or not profile.splits:
+            return False
+        size = 0
+        for m in self._messages:
+            content = m.get("content")
+            size += len(content) if isinstance(content, str) else _INLINE_OPENING_CHARS
+            if size > _INLINE_OPENING_CHARS:
+                return False
+        return True
 
     def _incremental(self) -> list[int] | Fallback:
         if self._forced is not None:

@@ -88,6 +88,10 @@ class Template:
             default=repr,
         )
         self.key = hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        fast = getattr(tokenizer, "is_fast", False) and not getattr(
+            tokenizer, "split_special_tokens", False
+        )
+        self._backend: Any = getattr(tokenizer, "backend_tokenizer", None) if fast else None
 
     def render(self, messages: Sequence[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
         """Token ids of `messages`, as `apply_chat_template` gives them.
@@ -95,22 +99,7 @@ class Template:
         Raises:
             TokenizationError: the template could not render these messages.
         """
-        try:
-            ids = self.tokenizer.apply_chat_template(
-                list(messages),
-                tools=self.tools,
-                chat_template=self.text,
-                add_generation_prompt=generation_prompt,
-                tokenize=True,
-                return_dict=False,
-                **self.kwargs,
-            )
-        except Exception as err:  # jinja, TypeError, template raise_exception: all one failure
-            roles = ",".join(str(m.get("role")) for m in messages[-4:])
-            raise TokenizationError(
-                f"chat template key {self.key[:12]} could not render {len(messages)} messages "
-                f"(last roles {roles}): {type(err).__name__}: {err}"
-            ) from err
+        ids = self._apply(messages, generation_prompt, tokenize=True)
         if not isinstance(ids, list) or (ids and not isinstance(ids[0], int)):
             raise TokenizationError(
                 f"chat template key {self.key[:12]}: apply_chat_template returned "
@@ -123,14 +112,61 @@ class Template:
     ) -> str | None:
         """Rendered text, or None if the template refuses (only used to discover markers)."""
         try:
+            return self.text_of(messages, generation_prompt=generation_prompt)
+        except TokenizationError as exc:  # discovery tolerates any failure, reports it elsewhere
+            log.debug("chat template key %s refused a discovery render: %r", self.key[:12], exc)
+            return None
+
+    def text_of(self, messages: Sequence[dict[str, Any]], *, generation_prompt: bool) -> str:
+        """The text `render` tokenizes: the incremental step tokenizes only its tail.
+
+        Raises:
+            TokenizationError: the template could not render these messages.
+        """
+        text = self._apply(messages, generation_prompt, tokenize=False)
+        if not isinstance(text, str):
+            raise TokenizationError(
+                f"chat template key {self.key[:12]}: apply_chat_template returned "
+                f"{type(text).__name__}, not text"
+            )
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text` as `render` tokenizes a rendered chat (no special tokens added).
+
+        A fast tokenizer's backend is called directly, as `render` ends up calling it, while it
+        is set as `render` sets it (no truncation, no padding, special tokens matched): the
+        wrapper costs as much as encoding a short delta. Otherwise (a caller left truncation
+        or padding on the shared backend, a slow tokenizer) the wrapper is called, which sets
+        the backend the way `render` does. Whoever splits a render relies on this agreeing
+        with `render`, and checks it (`plies.tokens._probe.find_splits`).
+        """
+        backend = self._backend
+        if (
+            backend is not None
+            and backend.truncation is None
+            and backend.padding is None
+            and not backend.encode_special_tokens
+        ):
+            return backend.encode(text, add_special_tokens=False).ids
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _apply(
+        self, messages: Sequence[dict[str, Any]], generation_prompt: bool, *, tokenize: bool
+    ) -> Any:
+        try:
             return self.tokenizer.apply_chat_template(
                 list(messages),
                 tools=self.tools,
                 chat_template=self.text,
                 add_generation_prompt=generation_prompt,
-                tokenize=False,
+                tokenize=tokenize,
+                return_dict=False,
                 **self.kwargs,
             )
-        except Exception as exc:  # discovery tolerates any template failure, reports it elsewhere
-            log.debug("chat template key %s refused a discovery render: %r", self.key[:12], exc)
-            return None
+        except Exception as err:  # jinja, TypeError, template raise_exception: all one failure
+            roles = ",".join(str(m.get("role")) for m in messages[-4:])
+            raise TokenizationError(
+                f"chat template key {self.key[:12]} could not render {len(messages)} messages "
+                f"(last roles {roles}): {type(err).__name__}: {err}"
+            ) from err

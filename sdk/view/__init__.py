@@ -7,6 +7,8 @@
 - `write_page` writes that page; `serve_live` serves it on 127.0.0.1 as the run grows.
 - `replay_group` re-samples a recorded episode's turns on the reference server and says,
   turn by turn, whether tokens and logprobs came back equal.
+- `replay_step` re-feeds a recorded training step's batch to a trainer restored at that step
+  and compares every metric the run recorded (loss, ratios, KL, gradient norm).
 
 It only reads run directories, so it sits above the core and beside the recipes.
 """
@@ -18,15 +20,21 @@ from ._replay import sampling_of as sampling_of
 from ._serve import LiveServer as LiveServer
 from ._serve import run_stamp as run_stamp
 from ._serve import serve_live as serve_live
+from ._train_replay import MetricReplay as MetricReplay
+from ._train_replay import StepReplay as StepReplay
+from ._train_replay import replay_step as replay_step
 from ._view import RunView as RunView
 from ._view import write_page as write_page
 
 __all__ = [
     "LiveServer",
     "MemberReplay",
+    "MetricReplay",
     "RunView",
+    "StepReplay",
     "TurnReplay",
     "replay_group",
+    "replay_step",
     "run_stamp",
     "sampling_of",
     "serve_live",

@@ -3,27 +3,50 @@
 Each turn is sent again exactly as it was: its full prompt rebuilt from the stored deltas
 (`Trajectory.prompt_ids`), the run's sampling parameters, the seed `SeededPolicy` derived for
 it (`turn_seed(episode id, prompt length)`), and the very policy version that sampled it,
-loaded from the run directory into a fresh reference server. On CPU the server is
-deterministic for a seeded request, so the tokens must come back equal. The logprobs come
-back equal to float32 rounding, not always bit for bit: the run batched each request with
-others (left padding, other rows), replay sends one at a time, and a float sum in another
-order rounds differently (measured on a smoke run: 53 of 53 turns' tokens equal, logprobs
-within 4e-6, 11 of 53 bit for bit). The report says, per turn, how far they are.
+loaded from the run directory into a fresh reference server on CPU, one request at a time.
+
+What comes back equal depends on how the run sampled, which `run.json` records
+(`sampler.batch_invariant`):
+
+- batch-invariant (`plies serve --batch-invariant`, what `plies demo blackjack` runs): every
+  request was decoded alone, as replay decodes it, so tokens and logprobs are equal bit for
+  bit, and a logprob that is not is a failure (measured on a smoke run, every group
+  replayed: 52 of 52 turns bit for bit);
+- batched (the server's default): the run decoded each request in a batch with others (left
+  padding, other rows), and a float32 matmul or attention sum over another batch rounds
+  differently, so the tokens come back equal but the logprobs only to float32 rounding
+  (measured on a smoke run: 53 of 53 turns' tokens equal, logprobs within 4e-6, 11 of 53 bit
+  for bit). The report says, per turn, how far they are.
+
+`--train-only` re-feeds a recorded training step instead (`_train_replay.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from anyio.abc import Process
 
 from plies import ConfigError, Group, PolicyRef, Trajectory, Turn
 from plies.policy import SamplingParams, VLLMClient, policy_path, publish, turn_seed
 from plies.runtime import read_groups
-from plies.testing import plies_command, serve_process
+from plies.testing import ServerProcess, plies_command, serve_process
 
-__all__ = ["MemberReplay", "TurnReplay", "replay_group", "sampling_of"]
+__all__ = [
+    "MemberReplay",
+    "TurnReplay",
+    "local_policy",
+    "replay_group",
+    "replay_server",
+    "run_record",
+    "sampled_batch_invariant",
+    "sampling_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +79,41 @@ class MemberReplay:
     member: int
     trajectory: str
     turns: list[TurnReplay]
+    exact_expected: bool = False
+    """The run was sampled batch-invariantly: every logprob must come back bit for bit."""
 
     @property
     def tokens_equal(self) -> bool:
         return all(t.tokens_equal for t in self.turns)
+
+    def reproduced(self, turn: TurnReplay) -> bool:
+        """`turn` came back as the run promises: exact, or (batched runs) equal tokens."""
+        return turn.exact if self.exact_expected else turn.tokens_equal
+
+
+def run_record(run_dir: Path, hint: str) -> dict:
+    """`RUN_DIR/run.json` as a dict.
+
+    Raises:
+        ConfigError: it is missing or not a JSON object; the message ends with `hint`.
+    """
+    path = Path(run_dir) / "run.json"
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} does not read ({exc}){hint}") from None
+    if not isinstance(run, dict):
+        raise ConfigError(f"{path} is not a run record (a JSON object){hint}")
+    return run
+
+
+def sampled_batch_invariant(run_dir: Path) -> bool:
+    """Whether `run.json` records that the run's turns were sampled batch-invariantly."""
+    try:
+        sampler = run_record(run_dir, "").get("sampler")
+    except ConfigError:
+        return False
+    return isinstance(sampler, dict) and sampler.get("batch_invariant") is True
 
 
 def sampling_of(run_dir: Path) -> SamplingParams:
@@ -68,12 +122,7 @@ def sampling_of(run_dir: Path) -> SamplingParams:
     Raises:
         ConfigError: `run.json` is missing or records neither.
     """
-    try:
-        run = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"{run_dir / 'run.json'} does not read ({exc}); pass --max-tokens"
-        ) from None
+    run = run_record(run_dir, "; pass --max-tokens")
     if isinstance(run.get("sampling"), dict):
         return SamplingParams.model_validate(run["sampling"])
     budget = run.get("budget") if isinstance(run.get("budget"), dict) else {}
@@ -91,7 +140,7 @@ def _find_group(run_dir: Path, group_id: str) -> Group:
     raise ConfigError(f"no group {group_id!r} in {run_dir / 'groups.jsonl'} (first ids: {known})")
 
 
-def _local_policy(run_dir: Path, recorded: PolicyRef) -> PolicyRef:
+def local_policy(run_dir: Path, recorded: PolicyRef) -> PolicyRef:
     """The recorded policy where it was published, else the run directory's copy of it.
 
     Raises:
@@ -105,6 +154,13 @@ def _local_policy(run_dir: Path, recorded: PolicyRef) -> PolicyRef:
         return recorded
     copy = run_dir / "server" / "policies" / str(recorded.version) / "policy.json"
     if not copy.is_file():
+        kept = _retention_of(run_dir, recorded.version)
+        if kept is not None:
+            raise ConfigError(
+                f"policy v{recorded.version} was not kept (the run kept --keep-policies "
+                f"{kept}, see retention.json); a run made with --keep-policies all keeps "
+                "every version replay may need"
+            )
         raise ConfigError(
             f"policy v{recorded.version} ({recorded.uri}) is neither where it was published "
             f"nor in {copy.parent}"
@@ -165,28 +221,54 @@ async def replay_group(
     members = range(len(group.trajectories)) if member is None else [member]
     params = params or sampling_of(run_dir)
     recorded = {t.policy.version: t.policy for m in members for t in group.trajectories[m].turns}
-    policies = {v: _local_policy(run_dir, p) for v, p in sorted(recorded.items())}
+    policies = {v: local_policy(run_dir, p) for v, p in sorted(recorded.items())}
+    exact = sampled_batch_invariant(run_dir)
     if not policies:
-        return [MemberReplay(group.id, m, group.trajectories[m].id, []) for m in members]
+        return [MemberReplay(group.id, m, group.trajectories[m].id, [], exact) for m in members]
     base = policy_path(next(iter(policies.values())))
+    roots = sorted({policy_path(p).parent for p in policies.values()})
+    async with (
+        replay_server(base, allow=roots, log=log) as server,
+        VLLMClient(server.url, server.ready["model"]) as client,
+    ):
+        for policy in policies.values():
+            await publish(policy, [client])
+        return [
+            MemberReplay(
+                group.id,
+                m,
+                group.trajectories[m].id,
+                await _replay_member(client, group.trajectories[m], params, policies),
+                exact,
+            )
+            for m in members
+        ]
+
+
+@contextlib.asynccontextmanager
+async def replay_server(
+    model_dir: Path, *, allow: Sequence[Path] = (), log: Path | None = None
+) -> AsyncIterator[ServerProcess[Process]]:
+    """A fresh `plies serve MODEL_DIR` on CPU in a temporary state dir, batch-invariant.
+
+    Replay sends one request at a time, so batch invariance changes nothing here but the
+    code path, which is then the one a batch-invariant run sampled through.
+    """
     with tempfile.TemporaryDirectory(prefix="plies-replay-") as tmp:
-        roots = sorted({str(policy_path(p).parent) for p in policies.values()})
-        argv = plies_command("serve", str(base), "--state-dir", str(Path(tmp) / "state"))
-        argv += ["--device", "cpu"]
-        for root in roots:
-            argv += ["--allow-path", root]
-        async with (
-            serve_process(argv, log=log or Path(tmp) / "serve.log") as server,
-            VLLMClient(server.url, server.ready["model"]) as client,
-        ):
-            for policy in policies.values():
-                await publish(policy, [client])
-            return [
-                MemberReplay(
-                    group.id,
-                    m,
-                    group.trajectories[m].id,
-                    await _replay_member(client, group.trajectories[m], params, policies),
-                )
-                for m in members
-            ]
+        argv = plies_command("serve", str(model_dir), "--state-dir", str(Path(tmp) / "state"))
+        argv += ["--device", "cpu", "--batch-invariant"]
+        for root in allow:
+            argv += ["--allow-path", str(root)]
+        async with serve_process(argv, log=log or Path(tmp) / "serve.log") as server:
+            yield server
+
+
+def _retention_of(run_dir: Path, version: int) -> object | None:
+    """The run's `--keep-policies` when its `retention.json` lists `version` as removed."""
+    try:
+        record = json.loads((run_dir / "retention.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or version not in (record.get("removed") or []):
+        return None
+    return record.get("keep_policies")

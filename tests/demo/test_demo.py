@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 from demo_runs import records, wait
 
+from plies.recipes.blackjack import BUDGETS
+from plies.recipes.blackjack.config import DEFAULT_KEEP_POLICIES
 from plies.runtime import read_groups
 from plies.testing import plies_command
 
@@ -30,7 +33,7 @@ def demo(out: Path, *args: str) -> subprocess.Popen:
 @pytest.mark.slow
 def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
     out = tmp_path / "run"
-    rc = wait(demo(out), out, 900)
+    rc = wait(demo(out, "--keep-policies", "1"), out, 900)
     log = (tmp_path / "run.log").read_text(errors="replace")
     assert rc == 0, log[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -68,6 +71,21 @@ def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
     assert groups.clean
     trained = {g for s in steps for g in s["groups"]}
     assert trained <= {g.id for g in groups.records}
+    # --keep-policies 1: the base model, the warm start's policy and the newest stay.
+    newest = steps[-1]["policy"]["version"]
+    retention = json.loads((out / "retention.json").read_text())
+    on_disk = sorted(int(p.name) for p in (out / "server" / "policies").iterdir())
+    assert on_disk == retention["kept"] == [0, 1, newest]
+    assert retention["removed"] == list(range(2, newest))
+    assert summary["disk_mb"] > 0
+    # The terminal ends with the result: returns with intervals, the files, how to look.
+    tail = log.rstrip().splitlines()[-7:]
+    assert tail[0].split()[0] == "result"  # the rule above the result
+    assert tail[1].startswith("warm start ") and "95% CI" in tail[1]
+    assert tail[2].startswith("improvement ") and "paired on" in tail[2]
+    assert f"plies view {out}" in tail[-2]
+    assert tail[-1].startswith(f"wrote in {out}: summary.json")
+    assert "it/s]" not in log and "Warning" not in log  # no tqdm bar, no library warning
 
 
 @pytest.mark.slow
@@ -83,21 +101,146 @@ def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
     before = records(out, "step")
     assert before, "a step was published before the interrupt"
     last = before[-1]["policy"]
-    trained = {g for s in before for g in s["groups"]}
+    batches_before = _batches(out)  # steps, and batches that trained nothing (`skipped`)
+    used = {g for r in batches_before for g in r["groups"]}
     completed = [g.id for g in read_groups(out / "groups.jsonl").records]
-    untrained = [g for g in completed if g not in trained]
+    untrained = [g for g in completed if g not in used]
 
     rc = wait(demo(out), out, 900)
     assert rc == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
     after = records(out, "step")
     assert [s["step"] for s in after] == list(range(len(after)))  # none repeated, none skipped
     resumed = after[len(before)]
-    # Trained on top of `last` (a step whose groups all tied publishes nothing new).
-    published = 1 if resumed.get("loss") is not None else 0
-    assert resumed["policy"]["version"] == last["version"] + published
-    if untrained:  # completed before the interrupt, trained first after it
-        assert resumed["groups"] == untrained[: len(resumed["groups"])]
+    # Trained on top of `last`; a batch that trained nothing is not a step, so every step
+    # record trained and published.
+    assert resumed.get("loss") is not None
+    assert resumed["policy"]["version"] == last["version"] + 1
+    if untrained:  # completed before the interrupt, taken first after it
+        first = _batches(out)[len(batches_before)]
+        assert first["groups"] == untrained[: len(first["groups"])]
     for group in read_groups(out / "groups.jsonl").records:
         if group.id not in completed:
             assert group.policy.version >= last["version"]
     assert json.loads((out / "summary.json").read_text())["complete"]
+
+
+def _batches(out: Path) -> list[dict]:
+    """Every GRPO batch taken, in order: steps, and those that trained nothing."""
+    return sorted(records(out, "step") + records(out, "skipped"), key=lambda r: r["time"])
+
+
+def _journal(out: Path) -> list[dict]:
+    """The reference trainer's op journal: one line per op it applied, in order."""
+    path = out / "server" / "trainer" / "journal.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+
+
+def _warm_step(op_id: str) -> int:
+    return int(op_id.split("-")[1])  # warm-<step>-fb, warm-<step>-redo<k>-fb, warm-<step>-opt
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = demo(out)
+    deadline = time.monotonic() + 900
+
+    def optim_steps() -> list[dict]:
+        return [r for r in _journal(out) if r["kind"] == "optim_step"]
+
+    while len(optim_steps()) < 5 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert proc.poll() is None, "the demo ended before its warm start took 5 steps"
+    proc.send_signal(signal.SIGINT)
+    assert wait(proc, out, 300) == 130
+    assert not records(out, "warm_start"), "the warm start finished before the interrupt"
+    applied = [r["op_id"] for r in optim_steps()]
+    done = len(applied)
+    assert applied == [f"warm-{k}-opt" for k in range(done)]
+    first_generation = max(r["generation"] for r in _journal(out))
+
+    rc = wait(demo(out), out, 900)
+    log = (tmp_path / "run.log").read_text(errors="replace")
+    assert rc == 0, log[-3000:]
+    assert [r["step"] for r in records(out, "warm_resume")] == [done]
+    assert f"warm start: resuming at step {done} of" in log
+    # The resumed run sent no step the first had applied: every op it sent is a later one.
+    later = [r for r in _journal(out) if r["generation"] > first_generation]
+    warm_ops = [r["op_id"] for r in later if r["op_id"].startswith("warm-")]
+    assert warm_ops and min(_warm_step(op) for op in warm_ops if op != "warm-save") == done
+    # ...and every warm-start step was applied exactly once across both runs.
+    warm_steps = BUDGETS["smoke"].warm_steps
+    opts = [r["op_id"] for r in optim_steps() if r["op_id"].startswith("warm-")]
+    assert opts == [f"warm-{k}-opt" for k in range(warm_steps)]
+    assert json.loads((out / "summary.json").read_text())["complete"]
+
+
+def _made_run(out: Path, budget: str) -> None:
+    """A run directory as `--budget BUDGET` leaves it once it has started."""
+    out.mkdir(parents=True)
+    key = {"budget": budget, "env": "local", "sandbox": "none", "trainer": "native"}
+    saved = {"config": key, "budget": dataclasses.asdict(BUDGETS[budget])}
+    (out / "run.json").write_text(json.dumps(saved))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*DEMO, *args], capture_output=True, text=True, env=ENV, timeout=120
+    )  # fmt: skip
+
+
+def test_the_full_demo_after_the_quick_one_in_the_same_dir_says_what_to_do(tmp_path):
+    """The README's order: the quick budget, then the default one with the same --out."""
+    out = tmp_path / "blackjack"
+    _made_run(out, "quick")
+    done = _cli("--out", str(out))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # one line, no traceback
+    line = lines[0]
+    assert "--budget quick, not --budget default" in line
+    assert f"--out {out}-default" in line and "--fresh" in line
+    assert json.loads((out / "run.json").read_text())["config"]["budget"] == "quick"
+
+
+def test_a_budget_whose_numbers_changed_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    _made_run(out, "smoke")
+    saved = json.loads((out / "run.json").read_text())
+    saved["budget"]["grpo_steps"] += 1
+    (out / "run.json").write_text(json.dumps(saved))
+    done = _cli("--out", str(out), "--budget", "smoke")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "grpo_steps differ" in done.stderr and "--fresh" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("0", "keep at least 1"), ("some", "a number or 'all'")],
+)
+def test_keep_policies_takes_a_positive_number_or_all(tmp_path, value, said):
+    done = _cli("--out", str(tmp_path / "run"), "--keep-policies", value)
+    assert done.returncode == 2 and said in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
+def test_keep_policies_defaults_to_the_recipes_default():
+    from typer.main import get_command
+
+    from plies.cli import app
+
+    demo_command = get_command(app).commands["demo"].commands["blackjack"]
+    option = next(p for p in demo_command.params if p.name == "keep_policies")
+    assert option.default == str(DEFAULT_KEEP_POLICIES)
+
+
+def test_fresh_refuses_a_directory_that_holds_no_run(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("not a run")
+    done = _cli("--out", str(out), "--fresh")
+    assert done.returncode == 2 and "holds files but no run.json" in done.stderr
+    assert (out / "notes.txt").read_text() == "not a run"

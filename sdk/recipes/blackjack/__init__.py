@@ -22,7 +22,9 @@ Modules: `config` (budgets, seeds, prompt, reference returns), `runlog`, `warm_s
 `rewards`, `state` (the `RunState` every phase receives), `evaluation`, `grpo`, `report`,
 `strategy` (the hit/stand grid per total and up card, and the exact optimum),
 `run` (servers, clients, pools, and the phases in order), `trainers` (`--trainer native` or
-`tinker`: plies' own wire, or the Tinker API's training and sampling clients).
+`tinker`: plies' own wire, or the Tinker API's training and sampling clients), `progress`
+(the one live display, a bar with ETA per phase), `retention` (which published policies stay
+on disk, `--keep-policies`).
 
 Resuming: everything that matters is in DIR. Completed groups are fsynced to
 `groups.jsonl` before training sees them; each step is announced in `metrics.jsonl`

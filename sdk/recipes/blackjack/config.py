@@ -33,6 +33,17 @@ ahead of training (pacing), `training_groups` checks it, and versions older than
 no longer served because no group in flight can still sample from them.
 """
 
+MAX_IDLE_BATCHES = 5
+"""Batches in a row that may train nothing before GRPO stops early. A batch trains nothing
+when every group is refused or tied (its members all scored alike, so every advantage is
+0); it is not counted as a step and another batch is sampled. This many in a row means the
+policy has stopped exploring, and more sampling would not change that."""
+
+DEFAULT_KEEP_POLICIES = MAX_STALENESS + 1
+"""Published GRPO policies a run keeps on disk by default: the newest, which a resume and the
+final evaluation load, and those the last step's groups were sampled by (`plies replay`).
+The warm start's policy and version 0 (the server's copy of the base model) are kept too."""
+
 
 @dataclass(frozen=True, slots=True)
 class Budget:
@@ -106,6 +117,9 @@ class DemoConfig:
     trainer: TrainerName = "native"
     tinker_url: str | None = None
     """The Tinker service (`--tinker-url`); None: the embedded `plies serve`'s Tinker API."""
+    keep_policies: int | None = DEFAULT_KEEP_POLICIES
+    """Newest GRPO policies kept on disk (`--keep-policies`); None keeps every one. Not part
+    of `key()`: it changes what stays on disk, not what the run computes."""
 
     def __post_init__(self) -> None:
         if self.budget not in BUDGETS:
@@ -121,6 +135,11 @@ class DemoConfig:
             raise ConfigError("--tinker-url is the service of --trainer tinker; add that")
         if self.env == "openenv" and self.sandbox != "none":
             raise ConfigError("--env openenv and --sandbox are alternatives; pick one")
+        if self.keep_policies is not None and self.keep_policies < 1:
+            raise ConfigError(
+                f"--keep-policies {self.keep_policies}: keep at least 1 (the newest, which a "
+                "resume needs), or 'all'"
+            )
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"--out {self.out} is a file; name a run directory")
 

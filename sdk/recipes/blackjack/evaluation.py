@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +63,12 @@ async def play_held_out(
     hands: int,
     concurrency: int,
     interrupts: Interrupts,
+    *,
+    on_hand: Callable[[], None] | None = None,
 ) -> EvalResult:
     """Play `hands` held-out deals under `policy`; ill-formed hands count as lost (-1).
+
+    `on_hand` is called as each hand ends (a progress display).
 
     Raises:
         Interrupted: Ctrl-C arrived; what was in flight settled first.
@@ -90,6 +95,8 @@ async def play_held_out(
         async with anyio.create_task_group() as tg:
             tg.start_soon(admit)
             async for group in driver.groups():
+                if on_hand is not None:
+                    on_hand()
                 traj = group.trajectories[0]
                 if traj.reward is None:
                     failed += 1
@@ -119,9 +126,11 @@ async def evaluate(
     if done is not None:
         return done
     t0 = time.monotonic()
-    result = await play_held_out(
-        run.resources, run.harness, policy, hands, run.budget.eval_concurrency, run.interrupts
-    )
+    with run.progress.phase(f"evaluation [{label}]", hands) as phase:
+        result = await play_held_out(
+            run.resources, run.harness, policy, hands, run.budget.eval_concurrency,
+            run.interrupts, on_hand=phase.advance,
+        )  # fmt: skip
     record = run.log.write(
         "eval", label=label, step=step, policy=policy.version, seconds=time.monotonic() - t0,
         **{"return": result.mean_return}, hands=result.hands, ill_formed=result.ill_formed,

@@ -14,19 +14,20 @@ from typing import Any
 
 import anyio
 
-from plies import AdmissionClosed, Group, PolicyRef
+from plies import AdmissionClosed, ConfigError, Group, PolicyRef
 from plies.environments import Task
 from plies.policy import TinkerPolicyClient, VLLMClient, unload_lora_adapter
-from plies.runtime import GroupSpec, JsonlSink, LiveProgress, RolloutDriver, read_groups
+from plies.runtime import GroupSpec, JsonlSink, RolloutDriver, read_groups
 from plies.training import Trainer, grpo_advantages, training_batch, training_groups
 from plies.wire import served_name
 
-from .config import MAX_STALENESS, TRAIN_SEEDS, Budget
+from .config import MAX_IDLE_BATCHES, MAX_STALENESS, TRAIN_SEEDS, Budget
 from .evaluation import evaluate
+from .report import idle_streak, step_line, stopped_line
 from .state import RunState
 from .warm_start import train_step
 
-__all__ = ["grpo", "train_on"]
+__all__ = ["grpo", "retrain", "train_on"]
 
 
 async def train_on(
@@ -48,15 +49,45 @@ async def train_on(
         "train_return": sum(rewards) / len(rewards) if rewards else None,
     }
     advantages = [grpo_advantages([t.reward for t in g.trajectories]) for g in selection.trainable]
+    info["tied"] = sum(not any(adv) for adv in advantages)  # members all scored alike
     if not any(a for adv in advantages for a in adv):
         return None, info
     batch = training_batch(selection.trainable, advantages, temperature=1.0, skip_zero=True)
     fb, opt = await train_step(
         trainer, f"grpo-{step}", batch, loss="importance_sampling", lr=budget.lr
     )
-    info.update(loss=fb.get("loss"), grad_norm=opt.get("grad_norm"), tokens=fb.get("tokens"))
+    # Every metric the trainer reported (loss, tokens, ratios, KL...): `plies replay
+    # --train-only` re-feeds this batch and compares them all.
+    info.update(fb, grad_norm=opt.get("grad_norm"))
     new = await trainer.save_policy(op_id=f"grpo-{step}-save")
     return new, info
+
+
+async def retrain(
+    trainer: Trainer, step: int, groups: list[Group], policy: PolicyRef, run: dict[str, Any]
+) -> dict[str, Any]:
+    """`train_on` as the run whose `run.json` is `run` took step `step`: the fields its step
+    record holds, recomputed (`plies replay --train-only`, with a trainer restored at it).
+
+    Raises:
+        ConfigError: `run` is not a native-trainer Blackjack run (no budget recorded, or the
+            steps went through the Tinker API, whose losses are summed, not averaged).
+    """
+    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    if config.get("trainer", "native") != "native":
+        raise ConfigError(
+            f"the run was trained through the Tinker API (--trainer {config['trainer']}); "
+            "--train-only re-feeds steps of the native trainer"
+        )
+    try:
+        budget = Budget(**run["budget"])
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"run.json records no Blackjack budget ({exc!r}); --train-only re-feeds steps of "
+            "plies demo blackjack"
+        ) from None
+    _, info = await train_on(trainer, step, groups, policy, budget)
+    return info
 
 
 def _train_spec(index: int, budget: Budget) -> GroupSpec:
@@ -87,7 +118,8 @@ def _untrained(run: RunState, step: int) -> tuple[list[Group], int]:
             f"[yellow]groups.jsonl[/]: line(s) {lines} do not read back (cut off by a crash); "
             "those groups were never trained on and are left out"
         )
-    trained = {g for r in run.log.all("step") for g in r["groups"]}
+    # A batch that trained nothing (`skipped`) used its groups up too.
+    trained = {g for kind in ("step", "skipped") for r in run.log.all(kind) for g in r["groups"]}
     waiting = [g for g in read.records if g.id not in trained]
     begun = run.log.last("step_begin", step=step)
     if begun is not None:  # a step was cut off: replay it on the same groups, same op ids
@@ -107,18 +139,21 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
     """
     budget = run.budget
     step = len(run.log.all("step"))
-    if step >= budget.grpo_steps:
+    if step >= budget.grpo_steps or idle_streak(run.log) >= MAX_IDLE_BATCHES:
         return
     waiting, next_index = _untrained(run, step)
     if waiting:
         run.console.print(f"resuming at step {step} with {len(waiting)} completed untrained groups")
     served = {policy.version}
 
-    with JsonlSink(run.out / "groups.jsonl") as sink:
+    with (
+        JsonlSink(run.out / "groups.jsonl") as sink,
+        run.progress.phase("GRPO steps", budget.grpo_steps, completed=step) as phase,
+    ):
         async with RolloutDriver(
             run.resources, run.harness.play, policy=policy,
             max_groups_in_flight=budget.groups_in_flight, sink=sink,
-        ) as driver, LiveProgress(driver):  # fmt: skip
+        ) as driver, run.progress.sampling(phase, driver):  # fmt: skip
             run.interrupts.attach(driver)
 
             async def admit() -> None:
@@ -132,8 +167,9 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
 
             async def consume() -> None:
                 nonlocal step, policy, waiting
+                stopped = False  # GRPO ended early: batches in a row trained nothing
                 async for group in driver.groups():
-                    if run.interrupts.count or step >= budget.grpo_steps:
+                    if run.interrupts.count or step >= budget.grpo_steps or stopped:
                         continue  # drained groups are on disk; a resumed run trains them
                     waiting.append(group)
                     if len(waiting) < budget.groups_per_step:
@@ -145,21 +181,25 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                     run.log.write("step_begin", step=step, groups=[g.id for g in batch])
                     t0 = time.monotonic()
                     new, info = await train_on(run.trainer, step, batch, policy, budget)
-                    if new is not None:
-                        await run.publish(new)
-                        driver.set_policy(new)
-                        policy = new
-                        served.add(new.version)
+                    if new is None:  # nothing to learn: not a step, sample another batch
+                        run.log.write("skipped", step=step, seconds=time.monotonic() - t0, **info)
+                        run.console.print(step_line(step, info, None))
+                        if idle_streak(run.log) >= MAX_IDLE_BATCHES:
+                            run.console.print(stopped_line(step, budget.groups_per_step))
+                            stopped = True
+                            driver.cancel()
+                        continue
+                    await run.publish(new)
+                    driver.set_policy(new)
+                    policy = new
+                    served.add(new.version)
                     run.log.write(
                         "step", step=step, policy=policy.model_dump(),
                         seconds=time.monotonic() - t0, **info,
                     )  # fmt: skip
-                    ret = info["train_return"]
-                    run.console.print(
-                        f"step {step}: policy v{policy.version}, train return "
-                        f"{ret if ret is None else round(ret, 3)}, refused {len(info['refused'])}"
-                    )
+                    run.console.print(step_line(step, info, policy))
                     step += 1
+                    phase.advance()
                     await _unload_unused(run.client, served, policy)
                     if (
                         budget.curve_every

@@ -5,22 +5,44 @@ Everything comes from the run log, so a resumed run's summary covers all its ses
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
-from .config import ALWAYS_STAND_RETURN, OPTIMAL_RETURN, RANDOM_RETURN, DemoConfig
+from plies import PolicyRef
+
+from .config import (
+    ALWAYS_STAND_RETURN,
+    MAX_IDLE_BATCHES,
+    MAX_STALENESS,
+    OPTIMAL_RETURN,
+    RANDOM_RETURN,
+    DemoConfig,
+)
 from .evaluation import Z95, mean_stderr
 from .runlog import RunLog
 from .strategy import HARD_TOTALS, SOFT_TOTALS, UP_CARDS, optimal_hits, strategy_table
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 __all__ = [
+    "REFUSALS",
+    "disk_bytes",
+    "idle_streak",
     "paired_improvement",
     "plot_curve",
     "plot_strategy",
+    "print_result",
     "result_lines",
+    "step_line",
+    "stopped_line",
     "write_summary",
 ]
 
@@ -85,6 +107,7 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
             | ({warm_start["policy"]["version"]} if warm_start else set())
         ),
         "grpo_steps": len(steps),
+        "skipped_steps": len(log.all("skipped")),
         "complete": final is not None,
         "references": {
             "random": RANDOM_RETURN, "always_stand": ALWAYS_STAND_RETURN, "optimal": OPTIMAL_RETURN,
@@ -98,13 +121,15 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
             **strategy_table(tuple(d) for d in latest["decisions"]),
         }
         plot_strategy(summary["strategy"], config.out / "strategy.png")
-    (config.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_curve(evals, config.out / "learning_curve.png")
+    summary["disk_mb"] = round(disk_bytes(config.out) / 1e6, 1)  # the figures included
+    (config.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def result_lines(summary: dict[str, Any], out: Path) -> list[str]:
-    """What the terminal shows at the end: the paired before/after result and the files."""
+    """What the terminal shows at the end: the paired before/after result, where the run
+    is and how big, how to look at it, and the files written (always the last line)."""
 
     def ret(value: float | None, ci: list[float] | None) -> str:
         if value is None:
@@ -128,9 +153,95 @@ def result_lines(summary: dict[str, Any], out: Path) -> list[str]:
         f"references: random {refs['random']}, always stand {refs['always_stand']}, "
         f"optimal {refs['optimal']}"
     )
-    names = ("summary.json", "learning_curve.png", "strategy.png", "metrics.jsonl")
-    lines.append("wrote " + ", ".join(str(out / n) for n in names if (out / n).exists()))
+    steps = f"{summary['grpo_steps']} GRPO steps"
+    if summary.get("skipped_steps"):
+        steps += f" (and {summary['skipped_steps']} batches that trained nothing, not counted)"
+    lines.append(
+        f"{steps} in {summary['minutes']:.1f} min; {out} holds {summary['disk_mb']:.0f} MB"
+    )
+    lines.append(f"look at it: plies view {out}  (one HTML page: curve, steps, every episode)")
+    names = ("summary.json", "learning_curve.png", "strategy.png", "metrics.jsonl", "groups.jsonl")
+    lines.append(f"wrote in {out}: " + ", ".join(n for n in names if (out / n).exists()))
     return lines
+
+
+def print_result(console: Console, summary: dict[str, Any], out: Path) -> None:
+    """`result_lines` under a rule titled by whether the run is complete."""
+    title = "result" if summary["complete"] else "result so far (run the command again to finish)"
+    console.rule(f"[bold]{title}", align="left")
+    for line in result_lines(summary, out):
+        console.print(line, soft_wrap=True, highlight=False)
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes in the files under `path` (links not followed): what a run takes on disk."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed meanwhile (a pruned policy)
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+REFUSALS = MappingProxyType(
+    {
+        "duplicate": "seen twice",
+        "foreign_member": "a member of another task",
+        "incomplete": "members missing",
+        "failed_member": "a member failed or was cancelled",
+        "truncated": "a member was cut off by a budget",
+        "non_finite_reward": "a member has no reward",
+        "mixed_policy": "sampled by more than one policy",
+        "stale": f"sampled more than {MAX_STALENESS} policy versions ago",
+        "misaligned": "tokens, masks and logprobs disagree",
+        "empty": "a member sampled no token",
+    }
+)
+"""What each `RefusalReason` means, in the words a step line uses."""
+
+
+def step_line(step: int, info: dict[str, Any], policy: PolicyRef | None) -> str:
+    """One GRPO batch for the terminal: what trained, what was refused and why, what tied.
+
+    A refused group failed the checks `training_groups` runs before any training (its
+    rewards or tokens cannot be trusted); a tied group passed them, but its members all
+    scored alike, so every advantage is 0 and it teaches nothing. `policy` None: the batch
+    trained nothing and is not counted as a step.
+    """
+    groups = len(info["groups"])
+    useful = info["trainable"] - info.get("tied", 0)
+    ret = info["train_return"]
+    parts = [f"trained on {useful} of {groups} groups"]
+    if ret is not None:
+        parts[0] += f" (train return {ret:+.3f})"
+    reasons = Counter(r.split(": ", 1)[-1] for r in info["refused"])
+    if reasons:
+        why = ", ".join(f"{n} {REFUSALS.get(k, k)}" for k, n in reasons.most_common())
+        parts.append(f"{len(info['refused'])} refused by the checks before training ({why})")
+    if info.get("tied"):
+        parts.append(f"{info['tied']} tied (members all scored alike: nothing to learn)")
+    if policy is None:
+        return f"step {step}: {'; '.join(parts)}; not a step, sampling another batch"
+    return f"step {step} -> policy v{policy.version}: {'; '.join(parts)}"
+
+
+def stopped_line(step: int, groups_per_step: int) -> str:
+    """Why GRPO ended before its budget of steps."""
+    return (
+        f"GRPO stopped at step {step}: {MAX_IDLE_BATCHES} batches in a row "
+        f"({MAX_IDLE_BATCHES * groups_per_step} groups) trained nothing, so the policy has "
+        "stopped exploring; the final evaluation follows"
+    )
+
+
+def idle_streak(log: RunLog) -> int:
+    """Batches that trained nothing since the last step that trained (resumes included)."""
+    streak = 0
+    for record in reversed(log.records):
+        if record["kind"] == "step":
+            break
+        streak += record["kind"] == "skipped"
+    return streak
 
 
 def plot_curve(evals: Iterable[dict[str, Any]], path: Path) -> None:

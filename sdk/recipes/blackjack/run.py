@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import anyio
 from anyio.abc import Process
@@ -32,21 +34,32 @@ from plies.environments import (
     SandboxedBlackjackEnv,
 )
 from plies.policy import SeededPolicy
-from plies.runtime import EnvPool, Interrupts, RolloutResources, run
+from plies.runtime import EnvPool, Interrupts, RolloutResources, run, write_atomic
 from plies.testing import ServerProcess, plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer
 
-from .config import BUDGETS, TEMPLATE_KWARGS, DemoConfig, EnvName, SandboxName, TrainerName
+from .config import (
+    BUDGETS,
+    DEFAULT_KEEP_POLICIES,
+    TEMPLATE_KWARGS,
+    DemoConfig,
+    EnvName,
+    SandboxName,
+    TrainerName,
+)
 from .evaluation import evaluate
 from .grpo import grpo
-from .report import result_lines, write_summary
+from .progress import RunProgress
+from .report import print_result, write_summary
 from .rewards import harness_for_budget
 from .runlog import RunLog
 from .state import Interrupted, RunState
 from .trainers import open_clients
-from .warm_start import transcripts, warm_start
+from .warm_start import applied_steps, transcripts, warm_start
 
 __all__ = ["main", "openenv_server", "policy_server"]
+
+RESUME_HINT = "[yellow]interrupted[/]: run the same command again to resume"
 
 OPENENV_SESSIONS = 32
 """Concurrent sessions the OpenEnv server accepts (`--env openenv`)."""
@@ -56,10 +69,23 @@ Serving = AbstractAsyncContextManager[ServerProcess[Process]]
 """A server started on entry and stopped on exit."""
 
 
+BATCH_INVARIANT = True
+"""The embedded server decodes each request alone (`plies serve --batch-invariant`), so
+`plies replay` reproduces every sampled logprob bit for bit; `run.json` records it. It costs
+a half to three quarters of the sampler's tokens/s at concurrency 8 to 32
+(bench/sampler_bench.py)."""
+
+
+QUIET_LIBRARIES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+"""Added to the server's environment: without them transformers draws a tqdm bar into
+`server.log` each time a policy is saved or loaded, and repeats its advisories there."""
+
+
 def policy_server(model_dir: Path, state_dir: Path, log: Path) -> Serving:
     """`plies serve MODEL_DIR --state-dir STATE_DIR` on 127.0.0.1, in its own session."""
     argv = plies_command("serve", str(model_dir), "--state-dir", str(state_dir))
-    return serve_process([*argv, "--max-batch-size", "64"], log=log)
+    argv += ["--max-batch-size", "64"] + ["--batch-invariant"] * BATCH_INVARIANT
+    return serve_process(argv, log=log, env={**os.environ, **QUIET_LIBRARIES})
 
 
 def openenv_server(max_sessions: int, log: Path) -> Serving:
@@ -76,11 +102,15 @@ def main(
     sandbox: SandboxName = "none",
     trainer: TrainerName = "native",
     tinker_url: str | None = None,
+    keep_policies: int | None = DEFAULT_KEEP_POLICIES,
+    fresh: bool = False,
 ) -> int:
     """Run (or resume) the job in `out`; return the exit code (130 after Ctrl-C).
 
     `trainer="tinker"` trains and samples through the Tinker API: on `tinker_url` (or
     `TINKER_BASE_URL`, with `TINKER_API_KEY`), else on the embedded server's (`trainers`).
+    `keep_policies`: the newest GRPO policies kept on disk (None: all; `retention`).
+    `fresh`: remove the run already in `out` and start over.
 
     Raises:
         ConfigError: unknown or conflicting options, `out` is a file or holds a different
@@ -93,12 +123,33 @@ def main(
         sandbox=sandbox,
         trainer=trainer,
         tinker_url=tinker_url,
+        keep_policies=keep_policies,
     )
     if config.sandbox == "e2b" and not os.environ.get("E2B_API_KEY"):
         # Without it the warm start would run and then every hand fail.
         raise ConfigError("--sandbox e2b needs E2B_API_KEY in the environment")
-    _claim_run_dir(config, Console(stderr=True))  # a run dir that cannot resume: before any work
+    console = Console(stderr=True, soft_wrap=True)
+    if fresh:
+        _remove_run(config.out, console)
+    _claim_run_dir(config, console)  # a run dir that cannot resume: before any work
     return run(lambda interrupts: _job(config, interrupts))
+
+
+def _remove_run(out: Path, console: Console) -> None:
+    """`--fresh`: delete the run in `out`, which must be one (a run.json) or be empty.
+
+    Raises:
+        ConfigError: `out` holds files but no run.json: not a run this command made.
+    """
+    if not out.exists():
+        return
+    if not (out / "run.json").is_file() and any(out.iterdir()):
+        raise ConfigError(
+            f"--fresh removes a run directory, and {out} holds files but no run.json; "
+            "name a run directory, or another --out"
+        )
+    shutil.rmtree(out)
+    console.print(f"--fresh: removed the run in {out}")
 
 
 def _claim_run_dir(config: DemoConfig, console: Console) -> None:
@@ -108,12 +159,10 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
     budget = asdict(BUDGETS[config.budget])
     if not run_file.exists():
         # Atomic: a crash mid-write must not leave a run.json that no resume can read.
-        tmp = run_file.with_name(".run.json.tmp")
-        with tmp.open("w") as f:
-            json.dump({"config": config.key(), "budget": budget}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, run_file)
+        # What sampled the run's turns: only the embedded server's are bit-reproducible.
+        sampler = {"batch_invariant": BATCH_INVARIANT and config.trainer == "native"}
+        record = {"config": config.key(), "budget": budget, "sampler": sampler}
+        write_atomic(run_file, json.dumps(record).encode())
         return
     try:
         saved = json.loads(run_file.read_text())
@@ -123,10 +172,16 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
             f"{run_file} is not a run record ({type(err).__name__}: {err}); "
             "remove it to start over, or choose another --out"
         ) from None
-    if saved_config != config.key():
+    key = config.key()
+    if saved_config != key:
+        differ = [k for k in key if saved_config.get(k) != key[k]]
+        was = " ".join(f"--{k} {saved_config.get(k)}" for k in differ)
+        now = " ".join(f"--{k} {key[k]}" for k in differ)
+        other = f"{config.out}-{config.budget}" if "budget" in differ else f"{config.out}-2"
         raise ConfigError(
-            f"{config.out} holds a run with {saved_config}; resume it with the same options "
-            "or choose another --out"
+            f"{config.out} holds a run made with {was}, not {now}: resume it with {was}, "
+            f"or run this one in another directory (--out {other}), or add --fresh to "
+            "remove that run and start over"
         )
     if saved_budget != budget:
         # Same name, other numbers (the budget table changed): the log would not fit them.
@@ -135,7 +190,8 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
         )
         raise ConfigError(
             f"{config.out} was run with other values of budget {config.budget!r} "
-            f"({', '.join(changed)} differ); choose another --out"
+            f"({', '.join(changed)} differ); run in another directory (--out), or add "
+            "--fresh to remove that run and start over"
         )
     console.print(f"[bold]resuming[/] the run in {config.out}")
 
@@ -143,10 +199,11 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
 async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
     from transformers import AutoTokenizer  # heavy: loaded once the options are known good
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # a log keeps each line whole
     budget = BUDGETS[config.budget]
     out = config.out
     started = time.monotonic()
+    progress = RunProgress(console)
     log = RunLog(out / "metrics.jsonl")
     if log.torn_tail is not None:
         console.print(
@@ -161,6 +218,7 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
 
     async with AsyncExitStack() as stack:
         stack.callback(log.close)
+        stack.enter_context(progress)
         clients = await open_clients(
             config,
             stack,
@@ -194,16 +252,20 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
             base=clients.base,
             console=console,
             interrupts=interrupts,
+            progress=progress,
         )
         try:
             await _phases(state)
         except Interrupted:
-            console.print("[yellow]interrupted[/]: run the same command again to resume")
+            console.print(RESUME_HINT)
+        except anyio.get_cancelled_exc_class():
+            if interrupts.count:  # Ctrl-C with no episodes to drain stops the job at once
+                console.print(RESUME_HINT)
+            raise
         finally:
             log.write("session", seconds=time.monotonic() - started)
     summary = write_summary(config, log, elapsed_before + time.monotonic() - started)
-    for line in result_lines(summary, out):
-        console.print(line)
+    print_result(console, summary, out)
 
 
 async def _env_factory(config: DemoConfig, stack: AsyncExitStack) -> EnvFactory:
@@ -241,22 +303,7 @@ async def _phases(run: RunState) -> None:
     budget = run.budget
     warm = run.log.last("warm_start")
     if warm is None:
-        t0 = time.monotonic()
-        run.console.print(
-            f"warm start: {budget.warm_steps} supervised steps on random-play transcripts"
-        )
-        data = await transcripts(run.renderer, run.tokenizer, budget.warm_hands, policy=run.base)
-
-        def on_step(step: int, metrics: dict[str, float]) -> None:
-            if step % 10 == 0 or step == budget.warm_steps - 1:
-                run.console.print(f"  warm-start step {step}: loss {metrics.get('loss', 0):.3f}")
-            run.stop_if_interrupted()
-
-        policy = await warm_start(run.trainer, data, budget, on_step=on_step)
-        await run.publish(policy)
-        warm = run.log.write(
-            "warm_start", policy=policy.model_dump(), seconds=time.monotonic() - t0
-        )
+        warm = await _warm_start(run)
     policy = PolicyRef.model_validate(warm["policy"])
     await evaluate(run, policy, budget.eval_hands, "warm_start", 0)
 
@@ -268,3 +315,31 @@ async def _phases(run: RunState) -> None:
     final = run.log.all("step")
     policy = PolicyRef.model_validate(final[-1]["policy"]) if final else policy
     await evaluate(run, policy, budget.eval_hands, "final", len(final))
+    run.prune(sampling=False)
+
+
+async def _warm_start(run: RunState) -> dict[str, Any]:
+    """The supervised warm start, from the last step the trainer applied; its log record."""
+    budget = run.budget
+    t0 = time.monotonic()
+    start = await applied_steps(run.trainer)
+    if start:
+        run.log.write("warm_resume", step=start)
+        run.console.print(
+            f"warm start: resuming at step {start} of {budget.warm_steps} "
+            "(the trainer's last checkpoint)"
+        )
+    else:
+        run.console.print(
+            f"warm start: {budget.warm_steps} supervised steps on random-play transcripts"
+        )
+    data = await transcripts(run.renderer, run.tokenizer, budget.warm_hands, policy=run.base)
+    with run.progress.phase("warm start", budget.warm_steps, completed=start) as phase:
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            phase.advance(status=f"loss {metrics.get('loss', 0):.3f}")
+            run.stop_if_interrupted()
+
+        policy = await warm_start(run.trainer, data, budget, start=start, on_step=on_step)
+    await run.publish(policy)
+    return run.log.write("warm_start", policy=policy.model_dump(), seconds=time.monotonic() - t0)

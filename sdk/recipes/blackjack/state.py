@@ -16,6 +16,8 @@ from plies.tokens import ChatRenderer
 from plies.training import Trainer
 
 from .config import BUDGETS, Budget, DemoConfig
+from .progress import RunProgress
+from .retention import prune_policies
 from .runlog import RunLog
 
 if TYPE_CHECKING:
@@ -51,6 +53,8 @@ class RunState:
     """The policy the server started with (the random tiny model)."""
     console: Console
     interrupts: Interrupts
+    progress: RunProgress
+    """The one live display of the run's phases (on a terminal; lines in a log)."""
 
     @property
     def budget(self) -> Budget:
@@ -66,5 +70,18 @@ class RunState:
             raise Interrupted
 
     async def publish(self, policy: PolicyRef) -> None:
-        """Serve `policy` for sampling; harmless when it is already served."""
+        """Serve `policy` for sampling, then remove the published policies the run no longer
+        keeps (`retention`); harmless when it is already served."""
         await publish(policy, [self.client])
+        self.prune(sampling=True)
+
+    def prune(self, *, sampling: bool) -> list[int]:
+        """Apply `--keep-policies` to the published policies; `sampling`: groups may still
+        be sampled from the newest `MAX_STALENESS + 1` versions, so those stay too."""
+        warm = self.log.last("warm_start")
+        return prune_policies(
+            self.out,
+            warm=None if warm is None else warm["policy"]["version"],
+            keep=self.config.keep_policies,
+            sampling=sampling,
+        )

@@ -10,14 +10,22 @@ from plies import PliesError, PolicyRef, TrainingGradientsLost, Trajectory, Turn
 from plies.environments import BlackjackEnv, Task
 from plies.policy import Completion
 from plies.tokens import ChatRenderer
-from plies.training import AdamParams, Datum, LossName, Trainer, TrainingBatch
+from plies.training import (
+    AdamParams,
+    Datum,
+    LossName,
+    TinkerTrainingClient,
+    Trainer,
+    TrainingBatch,
+    TrainingClient,
+)
 
 from .config import SYSTEM_PROMPT, WARM_SEEDS, Budget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["tool_call_ids", "train_step", "transcripts", "warm_start"]
+__all__ = ["applied_steps", "tool_call_ids", "train_step", "transcripts", "warm_start"]
 
 Metrics = dict[str, float]
 
@@ -104,18 +112,36 @@ async def train_step(
     raise PliesError(f"step {prefix}: the trainer lost its gradients three times")
 
 
+async def applied_steps(trainer: Trainer) -> int:
+    """Optimizer steps the trainer's weights already hold: where a cut-off warm start resumes.
+
+    `plies serve` checkpoints its weights and optimizer at every `optim_step` and reopens
+    from the last one, so after a Ctrl-C or a crash the count is every step it applied. A
+    Tinker training run is created anew unless it resumes from a saved policy, so there it
+    is the steps behind that policy (0 before the warm start saved one).
+    """
+    if isinstance(trainer, TrainingClient):
+        return (await trainer.state()).step
+    if isinstance(trainer, TinkerTrainingClient):
+        return trainer.step
+    return 0
+
+
 async def warm_start(
     trainer: Trainer,
     data: Sequence[Trajectory],
     budget: Budget,
     *,
+    start: int = 0,
     on_step: Callable[[int, Metrics], None] | None = None,
 ) -> PolicyRef:
-    """Supervised steps (`cross_entropy`) over `data`, then `save_policy`. Replay-safe.
+    """Supervised steps (`cross_entropy`) over `data` from step `start`, then `save_policy`.
 
     Each step's op ids name the step, so running it again after a crash repeats nothing.
+    `start` is the number of steps the trainer already applied (`applied_steps`): a warm
+    start cut off by Ctrl-C continues from its last checkpoint rather than from step 0.
     """
-    for step in range(budget.warm_steps):
+    for step in range(start, budget.warm_steps):
         first = (step * budget.warm_batch) % len(data)
         hands = [data[(first + j) % len(data)] for j in range(budget.warm_batch)]
         batch = TrainingBatch(

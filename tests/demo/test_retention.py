@@ -1,0 +1,95 @@
+"""Which published policies a run keeps: pruned from a real policy store, which still opens
+and serves what is kept, with `retention.json` naming what was removed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plies.recipes.blackjack.config import DEFAULT_KEEP_POLICIES, MAX_STALENESS
+from plies.recipes.blackjack.retention import (
+    RETENTION_FILE,
+    kept_versions,
+    policies_dir,
+    prune_policies,
+    removed_versions,
+)
+from plies.server import PolicyStore
+
+
+def _model(root: Path) -> Path:
+    """A model directory as the store sees one: weight files it hashes, nothing to load."""
+    root.mkdir()
+    (root / "model.safetensors").write_bytes(b"weights of the base model")
+    (root / "config.json").write_text("{}")
+    return root
+
+
+def _run_with_policies(tmp_path: Path, newest: int) -> tuple[Path, PolicyStore, Path]:
+    """A run directory whose store holds versions 0..newest, each with its own weights."""
+    out, model = tmp_path / "run", _model(tmp_path / "model")
+    store = PolicyStore.open(out / "server", model)
+    for version in range(1, newest + 1):
+        source = tmp_path / f"v{version}"
+        source.mkdir()
+        (source / "model.safetensors").write_bytes(f"weights {version}".encode())
+        assert store.publish_dir(source).version == version
+    return out, store, model
+
+
+def test_the_default_keeps_base_warm_start_and_the_newest_and_records_the_rest(tmp_path):
+    out, _, model = _run_with_policies(tmp_path, 12)
+    removed = prune_policies(out, warm=1, keep=DEFAULT_KEEP_POLICIES, sampling=False)
+    assert removed == list(range(2, 10))
+    reopened = PolicyStore.open(out / "server", model)  # as a resumed run's server does
+    assert reopened.versions() == [0, 1, 10, 11, 12]
+    assert reopened.latest().version == 12
+    record = json.loads((out / RETENTION_FILE).read_text())
+    assert record == {"keep_policies": 3, "kept": [0, 1, 10, 11, 12], "removed": removed}
+    assert removed_versions(out) == set(removed)
+    # The next publication after a prune gets the next number, not a reused one.
+    source = tmp_path / "v13"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"weights 13")
+    assert reopened.publish_dir(source).version == 13
+    prune_policies(out, warm=1, keep=3, sampling=False)
+    assert removed_versions(out) == set(range(2, 11))  # accumulated over prunes
+
+
+def test_while_sampling_the_versions_groups_may_still_sample_from_stay(tmp_path):
+    out, store, _ = _run_with_policies(tmp_path, 6)
+    prune_policies(out, warm=1, keep=1, sampling=True)
+    assert store.versions() == [0, 1, *range(6 - MAX_STALENESS, 7)]
+    prune_policies(out, warm=1, keep=1, sampling=False)  # sampling over: the newest alone
+    assert store.versions() == [0, 1, 6]
+
+
+def test_keep_all_removes_nothing_and_says_so(tmp_path):
+    out, store, _ = _run_with_policies(tmp_path, 5)
+    assert prune_policies(out, warm=1, keep=None, sampling=False) == []
+    assert store.versions() == list(range(6))
+    assert json.loads((out / RETENTION_FILE).read_text())["keep_policies"] == "all"
+
+
+def test_a_removal_cut_off_midway_leaves_nothing_that_looks_published(tmp_path):
+    out, _, model = _run_with_policies(tmp_path, 4)
+    # What a crash between the rename and the delete leaves behind:
+    (policies_dir(out) / "2").rename(policies_dir(out) / ".tmp-removed-2")
+    reopened = PolicyStore.open(out / "server", model)
+    assert reopened.versions() == [0, 1, 3, 4]
+    assert not (policies_dir(out) / ".tmp-removed-2").exists()
+
+
+@pytest.mark.parametrize(
+    ("published", "warm", "keep", "sampling", "kept"),
+    [
+        ([0], None, 3, True, {0}),
+        ([0, 1], 1, 1, False, {0, 1}),
+        ([0, 1, 2, 3, 4, 5], None, 2, False, {0, 4, 5}),  # before the warm start is logged
+        ([0, 1, 2, 3, 4, 5], 1, 5, True, {0, 1, 2, 3, 4, 5}),
+    ],
+)
+def test_kept_versions(published, warm, keep, sampling, kept):
+    assert kept_versions(published, warm=warm, keep=keep, sampling=sampling) == kept

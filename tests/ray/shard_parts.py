@@ -1,0 +1,98 @@
+"""What the Ray tests' shards run: episodes against a real loopback server (`op_server.py`).
+
+Importable by the shards' actors (the factories are pickled by reference), so it imports
+only plies, anyio and httpx.
+
+- `StandInPolicy` samples from the server's `/sample` (a stand-in completion after a delay)
+  and runs remote steps on its `/op`;
+- `episode` borrows a `Session` (a resource with a remote id), then per turn samples,
+  records the turn under the group's policy and runs one step inside `lease.operation`, so
+  a cancelled step that does not settle quarantines the session;
+- `make_shard(url, index)` is the factory a `ShardedDriver` pickles to each actor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+
+from plies import Trajectory, Turn
+from plies.runtime import EnvPool, EpisodeContext, ShardSetup
+
+TOKENS = 3
+SKIP = "the Ray tier needs the plies[ray] extra (.ci/ray-tier)"
+"""Tests skip unless `ray.actor` imports: without Ray, `import ray` finds this folder."""
+
+
+class StandInPolicy:
+    """A policy client for the tests: the op server's stand-in completions."""
+
+    def __init__(self, url: str, http: httpx.AsyncClient):
+        self.url = url
+        self.http = http
+
+    async def sample(self, delay: float) -> dict[str, Any]:
+        r = await self.http.get(f"{self.url}/sample", params={"s": delay, "n": TOKENS})
+        return r.raise_for_status().json()
+
+    async def op(self, delay: float) -> None:
+        (await self.http.get(f"{self.url}/op", params={"s": delay})).raise_for_status()
+
+
+class Session:
+    """A pooled resource with a remote id, so a quarantine report can name it."""
+
+    remote_kind = "session"
+    _ids = itertools.count(1)
+
+    def __init__(self) -> None:
+        self.remote_id = f"session-{os.getpid()}-{next(self._ids)}"
+
+    async def aclose(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
+
+async def make_session() -> Session:
+    return Session()
+
+
+def task(turns: int, sample_s: float = 0.01, step_s: float = 0.01) -> dict[str, Any]:
+    return {"turns": turns, "sample_s": sample_s, "step_s": step_s}
+
+
+async def episode(ctx: EpisodeContext) -> Trajectory:
+    async with ctx.borrow("env") as lease:
+        for k in range(ctx.task["turns"]):
+            body = await ctx.policy.sample(ctx.task["sample_s"])
+            ctx.add_turn(
+                Turn(
+                    prompt_ids=[7, k],
+                    extends=k > 0,
+                    completion_ids=body["ids"],
+                    logprobs=body["logprobs"],
+                    finish_reason="stop",
+                    policy=ctx.policy_ref,
+                )
+            )
+            async with lease.operation("step"):
+                await ctx.policy.op(ctx.task["step_s"])
+    return ctx.trajectory
+
+
+def make_pool() -> EnvPool[Session]:
+    return EnvPool(make_session, kind="session", limit=64, settle_timeout=0.3)
+
+
+@asynccontextmanager
+async def make_shard(url: str, index: int) -> AsyncIterator[ShardSetup]:
+    """One shard: its own HTTP client, policy client and pool."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        yield ShardSetup(
+            episode, pools=[make_pool()], policy=StandInPolicy(url, http), exit_grace=2
+        )

@@ -1,0 +1,80 @@
+"""A rollout script for the Ray signal tests: a `ShardedDriver` of two shards, under `run`.
+
+    python sharded_script.py RUN_DIR POLICY_URL SEED
+
+It starts its own local Ray (`ray.init()` inside the driver, shut down when it closes).
+Episodes sample from POLICY_URL (the op server) and run remote steps of random length on it
+(`shard_parts.py`). Events go to stdout as JSON lines: ready, admitted (a group the driver
+took), group (after the sink wrote it), and stats at the very end.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from functools import partial
+from pathlib import Path
+
+import anyio
+from shard_parts import make_shard, task
+
+from plies import AdmissionClosed, PolicyRef
+from plies.runtime import GroupSpec, JsonlSink, ShardedDriver, run
+
+REF = PolicyRef(uri="plies://ray-signals/policies/0", version=0)
+
+
+def emit(event: str, **fields) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+async def main(interrupts, run_dir: Path, policy_url: str, seed: int) -> None:
+    rng = random.Random(seed)
+
+    async def admit_all(driver: ShardedDriver) -> None:
+        for i in range(100_000):
+            turns = rng.randint(1, 3)
+            spec = GroupSpec(f"task{i}", size=2, task=task(turns, 0.02, rng.uniform(0.05, 1.0)))
+            try:
+                await driver.admit(spec)
+            except AdmissionClosed:
+                return
+            emit("admitted", id=spec.id)
+
+    driver = ShardedDriver(
+        partial(make_shard, policy_url),
+        shards=2,
+        policy=REF,
+        max_groups_in_flight=6,
+        report_path=run_dir / "quarantine.json",
+        exit_timeout=30,
+    )
+    try:
+        with JsonlSink(run_dir / "groups.jsonl") as sink:
+            driver.sink = sink
+            async with driver:
+                interrupts.attach(driver)
+                emit("ready")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(admit_all, driver)
+                    async for group in driver.groups():
+                        emit("group", id=group.id)
+    finally:
+        s = driver.poll()
+        emit(
+            "stats",
+            admitted_groups=s.admitted_groups,
+            running=s.running,
+            settled={k.value: v for k, v in s.settled.items()},
+            borrowed=s.leases.borrowed,
+            released=s.leases.released,
+            quarantined=s.leases.quarantined,
+            live=s.leases.live,
+            shards_alive=sum(x.alive for x in driver.shard_statistics()),
+        )
+
+
+if __name__ == "__main__":
+    run_dir, policy_url, seed = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    raise SystemExit(run(lambda interrupts: main(interrupts, run_dir, policy_url, seed)))
