@@ -20,11 +20,9 @@ is ever dropped for staleness.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import partial
 from types import MappingProxyType, TracebackType
 
 import anyio
@@ -34,6 +32,7 @@ from anyio.abc import TaskGroup
 from .._exceptions import AdmissionClosed, ConfigError, UsageError
 from ..trajectory import Group, PolicyRef, Status, Trajectory
 from ._episode import EpisodeContext, GroupSpec, settle_episode
+from ._handout import Handout
 from ._resources import ResourcesStatistics, RolloutResources
 from ._sink import JsonlSink
 
@@ -93,7 +92,57 @@ class _GroupState:
         self.settled = 0
 
 
-class RolloutDriver:
+class DriverBase:
+    """What `RolloutDriver` and `ShardedDriver` do alike: the policy new groups are admitted
+    under, which only moves forward, and `collect` / `groups()` over a `Handout`.
+    """
+
+    state: DriverState
+    _policy: PolicyRef
+    _handout: Handout
+    _admitted_groups: int
+
+    @property
+    def policy(self) -> PolicyRef:
+        """The policy new groups are admitted under."""
+        return self._policy
+
+    def _advance_policy(self, policy: PolicyRef) -> None:
+        if policy.version < self._policy.version:
+            raise ConfigError(
+                f"policy version went back from {self._policy.version} to {policy.version}"
+            )
+        self._policy = policy
+
+    def collect(self) -> list[Group]:
+        """Hand out every complete group not yet handed out.
+
+        Raises:
+            OSError: writing a group to the sink failed.
+        """
+        return self._handout.take()
+
+    async def groups(self) -> AsyncIterator[Group]:
+        """Yield complete groups as they complete.
+
+        Ends once admission is closed and every admitted group has been handed out.
+
+        Raises:
+            OSError: writing a group to the sink failed.
+        """
+        if self.state is DriverState.UNOPENED:
+            raise UsageError(f"iterate groups() inside `async with {type(self).__name__}(...)`")
+        async for group in self._handout.stream(self._all_handed_out):
+            yield group
+
+    def _all_handed_out(self) -> bool:
+        return (
+            self.state is not DriverState.ADMITTING
+            and self._handout.handed_out == self._admitted_groups
+        )
+
+
+class RolloutDriver(DriverBase):
     """Runs episodes of admitted groups and yields complete groups.
 
     Args:
@@ -136,12 +185,8 @@ class RolloutDriver:
         self._policy = policy
         self._tg: TaskGroup | None = None
         self._scopes: set[CancelScope] = set()
-        self._ready: deque[Group] = deque()
-        self._changed = anyio.Event()
+        self._handout = Handout(resources.writer)
         self._admitted_groups = self._admitted = self._running = self._turns = 0
-        self._groups_complete = self._handed_out = 0
-        self._writing = 0  # complete groups queued to the sink, not yet fsynced
-        self._sink_error: BaseException | None = None
         self._settled: dict[Status, int] = dict.fromkeys(Status, 0)
 
     def __repr__(self) -> str:
@@ -177,16 +222,11 @@ class RolloutDriver:
             with CancelScope(shield=True):  # groups of settled episodes reach the sink
                 await self.wait_drained()
             self.state = DriverState.CLOSED
-            self._wake()
+            self._handout.wake()
         if exc is None:
-            self._raise_sink_error()
+            self._handout.raise_error()
 
     # policy and admission -------------------------------------------------------------------
-
-    @property
-    def policy(self) -> PolicyRef:
-        """The policy new groups are admitted under."""
-        return self._policy
 
     def set_policy(self, policy: PolicyRef) -> None:
         """Admit later groups under `policy`; groups already admitted keep theirs.
@@ -194,11 +234,7 @@ class RolloutDriver:
         Raises:
             ConfigError: the version goes backwards.
         """
-        if policy.version < self._policy.version:
-            raise ConfigError(
-                f"policy version went back from {self._policy.version} to {policy.version}"
-            )
-        self._policy = policy
+        self._advance_policy(policy)
 
     @property
     def admitting(self) -> bool:
@@ -217,8 +253,7 @@ class RolloutDriver:
             try:
                 return self.admit_nowait(spec)
             except WouldBlock:
-                event = self._changed
-                await event.wait()
+                await self._handout.wait()
 
     def admit_nowait(self, spec: GroupSpec) -> Group:
         """Admit a group now.
@@ -233,7 +268,7 @@ class RolloutDriver:
             raise AdmissionClosed(f"the driver is {self.state}; it takes no more groups")
         if (
             self.max_groups_in_flight is not None
-            and self._admitted_groups - self._handed_out >= self.max_groups_in_flight
+            and self._admitted_groups - self._handout.handed_out >= self.max_groups_in_flight
         ):
             raise WouldBlock
         assert self._tg is not None
@@ -244,7 +279,7 @@ class RolloutDriver:
         for index in range(spec.size):
             ctx = EpisodeContext(self, spec, index, state.policy)
             self._tg.start_soon(self._run, state, ctx, name=f"episode {spec.id}/{index}")
-        self._wake()
+        self._handout.wake()
         return Group(id=spec.id, task_id=spec.task_id, size=spec.size, policy=state.policy)
 
     # stopping ---------------------------------------------------------------------------------
@@ -253,7 +288,7 @@ class RolloutDriver:
         """Take no more groups; episodes in flight run to their end."""
         if self.state is DriverState.ADMITTING:
             self.state = DriverState.DRAINING
-            self._wake()
+            self._handout.wake()
 
     async def stop(self) -> None:
         """Close admission and wait until every admitted episode has settled."""
@@ -262,9 +297,8 @@ class RolloutDriver:
 
     async def wait_drained(self) -> None:
         """Wait until no episode runs and every complete group is on disk."""
-        while self._running or self._writing:
-            event = self._changed
-            await event.wait()
+        while self._running or self._handout.writing:
+            await self._handout.wait()
 
     def cancel(self) -> None:
         """Close admission and cancel every episode in flight.
@@ -277,7 +311,7 @@ class RolloutDriver:
             self.state = DriverState.CANCELLING
         for scope in self._scopes:
             scope.cancel()
-        self._wake()
+        self._handout.wake()
 
     def abort(self) -> None:
         """Cancel every episode and cut off every remote operation now (no settling)."""
@@ -331,74 +365,10 @@ class RolloutDriver:
                 policy=state.policy,
                 trajectories=[t for t in state.members if t is not None],
             )
-            if self.sink is None and not self.resources.writer.report_pending:
-                self._ready.append(group)
-                self._groups_complete += 1
-            else:
-                self._writing += 1
-                self.resources.writer.append(self.sink, group, partial(self._written, group))
-        self._wake()
-
-    def _written(self, group: Group, error: BaseException | None) -> None:
-        """The writer's word on one group: fsynced (hand it out) or failed (raise it)."""
-        self._writing -= 1
-        if error is None:
-            self._ready.append(group)
-            self._groups_complete += 1
-        elif self._sink_error is None:
-            self._sink_error = error
-        self._wake()
-
-    def _raise_sink_error(self) -> None:
-        if self._sink_error is not None:
-            error, self._sink_error = self._sink_error, None
-            raise error
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+            self._handout.add(group, self.sink)
+        self._handout.wake()
 
     # results ----------------------------------------------------------------------------------
-
-    def collect(self) -> list[Group]:
-        """Hand out every complete group not yet handed out.
-
-        Raises:
-            OSError: writing a group to the sink failed.
-        """
-        self._raise_sink_error()
-        groups = list(self._ready)
-        self._ready.clear()
-        self._handed_out += len(groups)
-        if groups:
-            self._wake()
-        return groups
-
-    async def groups(self) -> AsyncIterator[Group]:
-        """Yield complete groups as they complete.
-
-        Ends once admission is closed and every admitted group has been handed out.
-
-        Raises:
-            OSError: writing a group to the sink failed.
-        """
-        while True:
-            self._raise_sink_error()
-            while self._ready:
-                group = self._ready.popleft()
-                self._handed_out += 1
-                self._wake()
-                yield group
-            if (
-                self.state is not DriverState.ADMITTING
-                and self._handed_out == self._admitted_groups
-            ):
-                return
-            if self.state is DriverState.UNOPENED:
-                raise UsageError("iterate groups() inside `async with RolloutDriver(...)`")
-            event = self._changed
-            self._raise_sink_error()  # it may have failed while the caller held a group
-            await event.wait()
 
     def poll(self) -> DriverStatistics:
         """Counts now: admitted, running, settled by status, lease accounting."""
@@ -408,8 +378,8 @@ class RolloutDriver:
             admitted=self._admitted,
             running=self._running,
             settled=MappingProxyType(dict(self._settled)),
-            groups_complete=self._groups_complete,
-            groups_in_flight=self._admitted_groups - self._handed_out,
+            groups_complete=self._handout.complete,
+            groups_in_flight=self._admitted_groups - self._handout.handed_out,
             turns=self._turns,
             policy=self._policy,
             leases=self.resources.statistics(),

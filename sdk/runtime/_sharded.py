@@ -35,7 +35,7 @@ import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,8 +48,14 @@ from anyio.abc import TaskGroup
 
 from .._exceptions import AdmissionClosed, ConfigError, PliesError, UsageError
 from ..trajectory import Group, PolicyRef, Status, Trajectory
-from ._driver import DEFAULT_MAX_GROUPS_IN_FLIGHT, DriverState, DriverStatistics
+from ._driver import (
+    DEFAULT_MAX_GROUPS_IN_FLIGHT,
+    DriverBase,
+    DriverState,
+    DriverStatistics,
+)
 from ._episode import GroupSpec
+from ._handout import Handout
 from ._report import QuarantineRecord
 from ._resources import ResourcesStatistics, _write_records
 from ._shard import Batch, Counts, Final, ShardActor, ShardFactory
@@ -144,7 +150,7 @@ def _import_ray() -> Any:
     return ray
 
 
-class ShardedDriver:
+class ShardedDriver(DriverBase):
     """Runs episodes on `shards` Ray actors and yields their complete groups in the head.
 
     It behaves like `RolloutDriver` (the same `admit`, `admit_nowait`, `poll`, `collect`,
@@ -218,11 +224,8 @@ class ShardedDriver:
         self._writer_tg: TaskGroup | None = None
         self._tg: TaskGroup | None = None
         self._step = 0
-        self._ready: deque[Group] = deque()
-        self._changed = anyio.Event()
-        self._admitted_groups = self._admitted = self._handed_out = 0
-        self._groups_complete = self._writing = 0
-        self._sink_error: BaseException | None = None
+        self._handout = Handout(self._writer)
+        self._admitted_groups = self._admitted = 0
 
     def __repr__(self) -> str:
         alive = sum(s.alive for s in self._shards)
@@ -289,7 +292,7 @@ class ShardedDriver:
             with CancelScope(shield=True):
                 with anyio.move_on_after(self.exit_timeout):
                     while not all(s.finished for s in self._shards):
-                        await self._wait_changed()
+                        await self._handout.wait()
                 for shard in self._shards:
                     if not shard.finished:
                         self._lose(shard, f"did not finish within {self.exit_timeout:g} s")
@@ -298,13 +301,13 @@ class ShardedDriver:
                 tg.cancel_scope.cancel()
                 await tg.__aexit__(None, None, None)
             with CancelScope(shield=True):
-                while self._writing:
-                    await self._wait_changed()
+                while self._handout.writing:
+                    await self._handout.wait()
                 self._say_unsettled()
         finally:
             await self._teardown()
         if exc is None:
-            self._raise_sink_error()
+            self._handout.raise_error()
 
     async def _teardown(self) -> None:
         """Final report, writer stopped, actors killed, an owned Ray shut down."""
@@ -328,7 +331,7 @@ class ShardedDriver:
                     self._owns_ray = False
                     self._ray.shutdown()
                 self.state = DriverState.CLOSED
-                self._wake()
+                self._handout.wake()
 
     # shards -----------------------------------------------------------------------------------
 
@@ -343,7 +346,7 @@ class ShardedDriver:
         shard.records = [_tag_record(shard.index, r) for r in final.records]
         shard.final = True
         self._writer.report_changed()
-        self._wake()
+        self._handout.wake()
 
     async def _pull_loop(self, shard: _Shard) -> None:
         while shard.alive:
@@ -355,7 +358,7 @@ class ShardedDriver:
             self._absorb(shard, batch)
             if batch.done:
                 shard.pulled_all = True
-                self._wake()
+                self._handout.wake()
                 return
 
     async def _admit_loop(self, shard: _Shard) -> None:
@@ -387,8 +390,8 @@ class ShardedDriver:
                 continue  # already settled here (the shard was counted lost meanwhile)
             for traj in group.trajectories:
                 shard.received[traj.status or Status.FAILED] += 1
-            self._complete(group)
-        self._wake()
+            self._handout.add(group, self.sink)
+        self._handout.wake()
 
     def _refused(self, shard: _Shard, ids: list[str]) -> None:
         """Groups the shard would not take (its admission had closed): settled cancelled."""
@@ -419,7 +422,7 @@ class ShardedDriver:
         for spec, policy in held:
             self._settle_here(shard, spec, policy, Status.FAILED, error)
         self._writer.report_changed()
-        self._wake()
+        self._handout.wake()
 
     def _settle_here(
         self,
@@ -442,24 +445,7 @@ class ShardedDriver:
         group = Group(
             id=spec.id, task_id=spec.task_id, size=spec.size, policy=policy, trajectories=members
         )
-        self._complete(group)
-
-    def _complete(self, group: Group) -> None:
-        if self.sink is None and not self._writer.report_pending:
-            self._ready.append(group)
-            self._groups_complete += 1
-        else:
-            self._writing += 1
-            self._writer.append(self.sink, group, partial(self._written, group))
-
-    def _written(self, group: Group, error: BaseException | None) -> None:
-        self._writing -= 1
-        if error is None:
-            self._ready.append(group)
-            self._groups_complete += 1
-        elif self._sink_error is None:
-            self._sink_error = error
-        self._wake()
+        self._handout.add(group, self.sink)
 
     def _say_unsettled(self) -> None:
         """One line per shard when the run was cancelled, or a shard has something unsettled:
@@ -483,25 +469,7 @@ class ShardedDriver:
         records = [r for shard in self._shards for r in shard.records]
         return partial(_write_records, self.report_path, self.run_id, records, final)
 
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    async def _wait_changed(self) -> None:
-        event = self._changed
-        await event.wait()
-
-    def _raise_sink_error(self) -> None:
-        if self._sink_error is not None:
-            error, self._sink_error = self._sink_error, None
-            raise error
-
     # policy and admission -------------------------------------------------------------------
-
-    @property
-    def policy(self) -> PolicyRef:
-        """The policy new groups are admitted under."""
-        return self._policy
 
     def set_policy(self, policy: PolicyRef) -> None:
         """Admit later groups under `policy`, on every shard; admitted groups keep theirs.
@@ -509,11 +477,7 @@ class ShardedDriver:
         Raises:
             ConfigError: the version goes backwards.
         """
-        if policy.version < self._policy.version:
-            raise ConfigError(
-                f"policy version went back from {self._policy.version} to {policy.version}"
-            )
-        self._policy = policy
+        self._advance_policy(policy)
         for shard in self._shards:
             if shard.alive:
                 shard.actor.set_policy.remote(policy)
@@ -532,7 +496,7 @@ class ShardedDriver:
             try:
                 return self.admit_nowait(spec)
             except WouldBlock:
-                await self._wait_changed()
+                await self._handout.wait()
 
     def admit_nowait(self, spec: GroupSpec) -> Group:
         """Admit a group now, on the shard with the fewest groups in flight.
@@ -548,7 +512,7 @@ class ShardedDriver:
         alive = [s for s in self._shards if s.alive]
         if not alive:
             raise AdmissionClosed("every shard died; see the log for why")
-        if self._admitted_groups - self._handed_out >= self.max_groups_in_flight:
+        if self._admitted_groups - self._handout.handed_out >= self.max_groups_in_flight:
             raise WouldBlock
         shard = min(alive, key=lambda s: len(s.held) + len(s.outbox))
         shard.held[spec.id] = (spec, self._policy)
@@ -557,7 +521,7 @@ class ShardedDriver:
         shard.outbox_event = anyio.Event()
         self._admitted_groups += 1
         self._admitted += spec.size
-        self._wake()
+        self._handout.wake()
         return Group(id=spec.id, task_id=spec.task_id, size=spec.size, policy=self._policy)
 
     # stopping ---------------------------------------------------------------------------------
@@ -578,7 +542,7 @@ class ShardedDriver:
                 shard.send_outbox()
                 shard.actor.step.remote(step)
             shard.outbox_event.set()  # an idle admit loop sees admission closed and ends
-        self._wake()
+        self._handout.wake()
 
     def close_admission(self) -> None:
         """Take no more groups; every shard's episodes in flight run to their end."""
@@ -591,8 +555,8 @@ class ShardedDriver:
 
     async def wait_drained(self) -> None:
         """Wait until no shard holds a group and every complete group is on disk."""
-        while any(s.held or s.outbox for s in self._shards) or self._writing:
-            await self._wait_changed()
+        while any(s.held or s.outbox for s in self._shards) or self._handout.writing:
+            await self._handout.wait()
 
     def cancel(self) -> None:
         """Close admission and cancel every shard's episodes in flight.
@@ -607,43 +571,6 @@ class ShardedDriver:
         self._escalate(3)
 
     # results ----------------------------------------------------------------------------------
-
-    def collect(self) -> list[Group]:
-        """Hand out every complete group not yet handed out, from every shard.
-
-        Raises:
-            OSError: writing a group to the sink failed.
-        """
-        self._raise_sink_error()
-        groups = list(self._ready)
-        self._ready.clear()
-        self._handed_out += len(groups)
-        if groups:
-            self._wake()
-        return groups
-
-    async def groups(self) -> AsyncIterator[Group]:
-        """Yield complete groups from every shard as they complete.
-
-        Ends once admission is closed and every admitted group has been handed out.
-        """
-        while True:
-            self._raise_sink_error()
-            while self._ready:
-                group = self._ready.popleft()
-                self._handed_out += 1
-                self._wake()
-                yield group
-            if (
-                self.state is not DriverState.ADMITTING
-                and self._handed_out == self._admitted_groups
-            ):
-                return
-            if self.state is DriverState.UNOPENED:
-                raise UsageError("iterate groups() inside `async with ShardedDriver(...)`")
-            event = self._changed
-            self._raise_sink_error()
-            await event.wait()
 
     def poll(self) -> DriverStatistics:
         """Counts over every shard now (each shard's as of its last reply)."""
@@ -666,8 +593,8 @@ class ShardedDriver:
             admitted=self._admitted,
             running=max(self._admitted - sum(settled.values()), 0),
             settled=MappingProxyType(settled),
-            groups_complete=self._groups_complete,
-            groups_in_flight=self._admitted_groups - self._handed_out,
+            groups_complete=self._handout.complete,
+            groups_in_flight=self._admitted_groups - self._handout.handed_out,
             turns=sum(s.counts.turns for s in self._shards),
             policy=self._policy,
             leases=merged,
