@@ -31,6 +31,7 @@ def demo(out: Path, *args: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1000)  # the wait below bounds it; the default 300 s cannot
 def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
     out = tmp_path / "run"
     rc = wait(demo(out, "--keep-policies", "1"), out, 900)
@@ -89,6 +90,7 @@ def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1300)  # the waits below bound it; the default 300 s cannot
 def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
     out = tmp_path / "run"
     proc = demo(out)
@@ -142,6 +144,7 @@ def _warm_step(op_id: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1300)  # the waits below bound it; the default 300 s cannot
 def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = demo(out)
