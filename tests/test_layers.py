@@ -1,10 +1,12 @@
 """The import layers in pyproject.toml hold: `lint-imports` over plies as it installs.
 
 plies' import packages live in three folders (`sdk/`, `environments/`, `harness/`, mapped by
-`[tool.setuptools] package-dir`). An editable install resolves them with a finder of its own,
-which import-linter cannot walk: it sees only `sdk/`. So the check lays the package out as a
-wheel would (the same mapping, read from pyproject.toml) in a temporary folder and runs the
-real `lint-imports` there, function-level imports included.
+`[tool.setuptools] package-dir`). An editable install in setuptools' default mode resolves
+them with a finder of its own, which import-linter cannot walk: it sees only `sdk/` (the
+README's `editable_mode=strict` install avoids that). So that the check holds however plies
+was installed, it lays the package out as a wheel would (the same mapping, read from
+pyproject.toml) in a temporary folder and runs the real `lint-imports` there, function-level
+imports included.
 """
 
 from __future__ import annotations
