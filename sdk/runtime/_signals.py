@@ -14,9 +14,10 @@ step 2 (or one step past where the run is): a grace period is too short to drain
 enough for operations to settle and for the report to be written.
 
 Each step prints one line on stderr. An interrupted run exits with 130 (143 after a
-SIGTERM) and no traceback. When `run` returns, the handlers it found are back, so a notebook
-or a two-phase script can be interrupted again; once the process starts to exit, both signals
-are ignored, since a signal then has nothing left to stop.
+SIGTERM) and no traceback. `run` returns once the worker threads its loop started have
+finished (a signal meanwhile is counted, not raised); then the handlers it found are back,
+so a notebook or a two-phase script can be interrupted again; once the process starts to
+exit, both signals are ignored, since a signal then has nothing left to stop.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import atexit
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import IO, Any, Protocol, TypeVar
 
@@ -170,6 +172,7 @@ def run(
                     interrupts._say(f"stopped with {type(exc).__name__}: {exc}")
             tg.cancel_scope.cancel()
 
+    threads = set(threading.enumerate())
     try:
         anyio.run(wrapper, backend=backend)
     except KeyboardInterrupt:
@@ -177,6 +180,8 @@ def run(
         interrupts.count += 1
         interrupts._say("interrupted while starting")
     finally:
+        _count_late_signals(interrupts)
+        _join_new_threads(threads)
         for signum, handler in previous.items():
             # None: installed outside Python; the default is the closest we can put back.
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
@@ -224,5 +229,21 @@ async def _started(interrupts: Interrupts, *, task_status: Any = anyio.TASK_STAT
     finally:
         # Closing the receiver restores the default handlers (KeyboardInterrupt anywhere,
         # or death by SIGTERM); from here until `run` returns a signal has nothing to stop.
-        for signum in _SIGNALS:
-            signal.signal(signum, lambda n, _: _late_signal(interrupts, n))
+        _count_late_signals(interrupts)
+
+
+def _count_late_signals(interrupts: Interrupts) -> None:
+    for signum in _SIGNALS:
+        signal.signal(signum, lambda n, _: _late_signal(interrupts, n))
+
+
+def _join_new_threads(before: set[threading.Thread]) -> None:
+    """Wait for the non-daemon threads started during the run (the loop's worker threads).
+
+    The interpreter joins them at exit before any `atexit` hook can ignore signals, so a
+    signal while one winds down would print a KeyboardInterrupt traceback from `threading`.
+    Joined here, under the late handlers, it is counted like any other late signal.
+    """
+    for thread in threading.enumerate():
+        if thread not in before and not thread.daemon and thread is not threading.current_thread():
+            thread.join()

@@ -72,6 +72,9 @@ async def test_killing_the_server_mid_request_raises_a_typed_error_fast(server):
             with pytest.raises(PolicyOutcomeUnknown, match="may have run"):
                 await client.sample(PROMPT, SamplingParams(max_tokens=3000))
         assert time.monotonic() - start < 5
-        # The engine is gone now: the next request is refused, retried, then unavailable.
+        # Once the process is reaped the engine is gone: the next request is refused, retried,
+        # then unavailable. Before that its listening socket can still take a connection and
+        # then drop it unanswered, which is an outcome nobody can know.
+        await anyio.to_thread.run_sync(server.process.wait, 10)
         with pytest.raises(PolicyUnavailable):
             await client.sample(PROMPT, SamplingParams(max_tokens=2))

@@ -286,3 +286,37 @@ def test_signals_work_again_after_run_returns():
         "phase 2: KeyboardInterrupt",
         "own SIGTERM handler",
     ]
+
+
+WINDING_DOWN = """
+import time
+import anyio
+from plies.runtime import run
+
+async def main(interrupts):
+    # A blocking call the run stops waiting for: its worker thread outlives the loop.
+    with anyio.move_on_after(0.1):
+        await anyio.to_thread.run_sync(time.sleep, 3, abandon_on_cancel=True)
+    print("main returned", flush=True)
+
+raise SystemExit(run(main))
+"""
+
+
+def test_a_signal_while_worker_threads_wind_down_is_counted_not_raised():
+    """The interpreter joins non-daemon threads before any exit hook runs; `run` joins the
+    ones its loop started first, so a SIGINT then is a late signal, not a traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WINDING_DOWN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "main returned\n"
+    time.sleep(1.0)  # the abandoned sleep has about 2 s left
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err, err
+    assert "SIGINT received while finishing; nothing left to stop" in err
+    assert proc.returncode == 130
