@@ -104,7 +104,8 @@ def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
     assert before, "a step was published before the interrupt"
     last = before[-1]["policy"]
     batches_before = _batches(out)  # steps, and batches that trained nothing (`skipped`)
-    used = {g for r in batches_before for g in r["groups"]}
+    # Groups set aside as they arrived (tied, or refused) are used up too.
+    used = {g for r in batches_before + records(out, "set_aside") for g in r["groups"]}
     completed = [g.id for g in read_groups(out / "groups.jsonl").records]
     untrained = [g for g in completed if g not in used]
 

@@ -316,7 +316,7 @@ def test_a_signal_while_worker_threads_wind_down_is_counted_not_raised():
     assert proc.stdout.readline() == "main returned\n"
     time.sleep(1.0)  # the abandoned sleep has about 2 s left
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=30)
     assert "Traceback" not in err, err
     assert "SIGINT received while finishing; nothing left to stop" in err
     assert proc.returncode == 130

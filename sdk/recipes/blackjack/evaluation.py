@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 
-from plies import AdmissionClosed, PolicyRef
+from plies import AdmissionClosed, PolicyRef, Status
 from plies.environments import Task
 from plies.harness import ToolCallingHarness
 from plies.runtime import GroupSpec, Interrupts, RolloutDriver, RolloutResources
@@ -30,6 +30,9 @@ class EvalResult:
     hands: int
     """Hands that ended with a reward (system failures excluded)."""
     ill_formed: int
+    truncated: int
+    """Hands cut off by a budget (a completion at `max_new_tokens`, or out of turns): scored
+    as lost, like an ill-formed one."""
     failed: int
     """Hands without a reward: an error of the system, not a move of the model."""
     stand_rate: float
@@ -75,7 +78,7 @@ async def play_held_out(
     """
     by_hand: list[float | None] = [None] * hands
     seen: list[Decision] = []
-    ill = failed = stands = decisions = 0
+    ill = truncated = failed = stands = decisions = 0
     async with RolloutDriver(
         resources, harness.play, policy=policy, max_groups_in_flight=concurrency
     ) as driver:
@@ -104,6 +107,7 @@ async def play_held_out(
                 by_hand[int(group.task_id.removeprefix("eval-"))] = traj.reward
                 seen.extend(decisions_of(traj))
                 ill += traj.info.get("stop_reason") == "ill_formed"
+                truncated += traj.status is Status.TRUNCATED
                 for turn in traj.turns:
                     calls = (turn.message or {}).get("tool_calls") or []
                     decisions += len(calls)
@@ -113,7 +117,7 @@ async def play_held_out(
     rewards = [r for r in by_hand if r is not None]
     mean = sum(rewards) / len(rewards) if rewards else float("nan")
     return EvalResult(
-        mean, len(rewards), ill, failed, stands / decisions if decisions else 0.0,
+        mean, len(rewards), ill, truncated, failed, stands / decisions if decisions else 0.0,
         tuple(by_hand), tuple(seen),
     )  # fmt: skip
 
@@ -134,14 +138,14 @@ async def evaluate(
     record = run.log.write(
         "eval", label=label, step=step, policy=policy.version, seconds=time.monotonic() - t0,
         **{"return": result.mean_return}, hands=result.hands, ill_formed=result.ill_formed,
-        failed=result.failed, stand_rate=result.stand_rate,
+        truncated=result.truncated, failed=result.failed, stand_rate=result.stand_rate,
         stderr=mean_stderr([r for r in result.rewards if r is not None])[1],
         rewards=list(result.rewards), decisions=[list(d) for d in result.decisions],
     )  # fmt: skip
     run.console.print(
         f"eval \\[{label}] step {step}: return {result.mean_return:+.3f} "
         f"± {Z95 * record['stderr']:.3f} (95% CI) over {result.hands} "
-        f"hands (ill-formed {result.ill_formed}, stand rate {result.stand_rate:.2f}, "
-        f"{record['seconds']:.0f}s)"
+        f"hands (ill-formed {result.ill_formed}, cut off {result.truncated}, "
+        f"stand rate {result.stand_rate:.2f}, {record['seconds']:.0f}s)"
     )
     return record

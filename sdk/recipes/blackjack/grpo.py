@@ -2,6 +2,8 @@
 
 Each group is G episodes of one seeded deal (rewards differ only by the actions); advantages
 are each reward minus the group mean; `training_groups` checks every group before training.
+A group that is refused or tied is set aside as it arrives and another is sampled (dynamic
+sampling), so every step trains on `groups_per_step` groups that carry a signal.
 Completed groups are fsynced to `groups.jsonl` before training sees them, and each step is
 announced in the run log (`step_begin`, with its groups) before it is sent, so a step cut off
 midway is replayed on the same groups with the same op ids.
@@ -23,7 +25,7 @@ from plies.wire import served_name
 
 from .config import MAX_IDLE_BATCHES, MAX_STALENESS, TRAIN_SEEDS, Budget
 from .evaluation import evaluate
-from .report import idle_streak, step_line, stopped_line
+from .report import idle_streak, set_aside_counts, step_line, stopped_line
 from .state import RunState
 from .warm_start import train_step
 
@@ -53,9 +55,7 @@ async def train_on(
     if not any(a for adv in advantages for a in adv):
         return None, info
     batch = training_batch(selection.trainable, advantages, temperature=1.0, skip_zero=True)
-    fb, opt = await train_step(
-        trainer, f"grpo-{step}", batch, loss="importance_sampling", lr=budget.lr
-    )
+    fb, opt = await train_step(trainer, f"grpo-{step}", batch, loss=budget.loss, lr=budget.lr)
     # Every metric the trainer reported (loss, tokens, ratios, KL...): `plies replay
     # --train-only` re-feeds this batch and compares them all.
     info.update(fb, grad_norm=opt.get("grad_norm"))
@@ -90,6 +90,22 @@ async def retrain(
     return info
 
 
+def set_aside_reason(group: Group, policy: PolicyRef) -> str | None:
+    """Why `group` cannot teach the next step (refused by the checks, or "tied"), else None.
+
+    Groups are judged as they arrive, so a batch is filled with groups that carry a signal
+    (dynamic sampling, as DAPO does): once the policy plays most deals one way, most groups
+    tie, and a batch of the first `groups_per_step` groups trained on one or two of them,
+    a step as large as a full batch's driven by a group or two's noise.
+    """
+    selection = training_groups([group], policy=policy, max_staleness=MAX_STALENESS)
+    if selection.refused:
+        return selection.refused[0].reason.value
+    if not any(grpo_advantages([t.reward for t in group.trajectories])):
+        return "tied"
+    return None
+
+
 def _train_spec(index: int, budget: Budget) -> GroupSpec:
     """Group `index` of training: `group_size` episodes of the deal seeded `TRAIN_SEEDS + index`."""
     task_id = f"train-{index}"
@@ -118,8 +134,9 @@ def _untrained(run: RunState, step: int) -> tuple[list[Group], int]:
             f"[yellow]groups.jsonl[/]: line(s) {lines} do not read back (cut off by a crash); "
             "those groups were never trained on and are left out"
         )
-    # A batch that trained nothing (`skipped`) used its groups up too.
-    trained = {g for kind in ("step", "skipped") for r in run.log.all(kind) for g in r["groups"]}
+    # A batch that trained nothing (`skipped`) and a group set aside used their groups up too.
+    kinds = ("step", "skipped", "set_aside")
+    trained = {g for kind in kinds for r in run.log.all(kind) for g in r["groups"]}
     waiting = [g for g in read.records if g.id not in trained]
     begun = run.log.last("step_begin", step=step)
     if begun is not None:  # a step was cut off: replay it on the same groups, same op ids
@@ -171,6 +188,14 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                 async for group in driver.groups():
                     if run.interrupts.count or step >= budget.grpo_steps or stopped:
                         continue  # drained groups are on disk; a resumed run trains them
+                    why = set_aside_reason(group, policy)
+                    if why is not None:
+                        run.log.write("set_aside", step=step, groups=[group.id], reason=why)
+                        if idle_streak(run.log) >= MAX_IDLE_BATCHES * budget.groups_per_step:
+                            run.console.print(stopped_line(step, budget.groups_per_step))
+                            stopped = True
+                            driver.cancel()
+                        continue
                     waiting.append(group)
                     if len(waiting) < budget.groups_per_step:
                         continue
@@ -181,10 +206,11 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                     run.log.write("step_begin", step=step, groups=[g.id for g in batch])
                     t0 = time.monotonic()
                     new, info = await train_on(run.trainer, step, batch, policy, budget)
+                    aside = set_aside_counts(run.log)  # in the log already, one per group
                     if new is None:  # nothing to learn: not a step, sample another batch
                         run.log.write("skipped", step=step, seconds=time.monotonic() - t0, **info)
-                        run.console.print(step_line(step, info, None))
-                        if idle_streak(run.log) >= MAX_IDLE_BATCHES:
+                        run.console.print(step_line(step, info, None, aside))
+                        if idle_streak(run.log) >= MAX_IDLE_BATCHES * budget.groups_per_step:
                             run.console.print(stopped_line(step, budget.groups_per_step))
                             stopped = True
                             driver.cancel()
@@ -197,7 +223,7 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                         "step", step=step, policy=policy.model_dump(),
                         seconds=time.monotonic() - t0, **info,
                     )  # fmt: skip
-                    run.console.print(step_line(step, info, policy))
+                    run.console.print(step_line(step, info, policy, aside))
                     step += 1
                     phase.advance()
                     await _unload_unused(run.client, served, policy)

@@ -41,6 +41,7 @@ __all__ = [
     "plot_strategy",
     "print_result",
     "result_lines",
+    "set_aside_counts",
     "step_line",
     "stopped_line",
     "write_summary",
@@ -96,6 +97,10 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
         "ill_formed": {
             "warm_start": warm["ill_formed"] if warm else None,
             "final": final["ill_formed"] if final else None,
+        },
+        "truncated": {
+            "warm_start": warm.get("truncated") if warm else None,
+            "final": final.get("truncated") if final else None,
         },
         "stand_rate": {
             "warm_start": warm["stand_rate"] if warm else None,
@@ -200,13 +205,16 @@ REFUSALS = MappingProxyType(
 """What each `RefusalReason` means, in the words a step line uses."""
 
 
-def step_line(step: int, info: dict[str, Any], policy: PolicyRef | None) -> str:
+def step_line(
+    step: int, info: dict[str, Any], policy: PolicyRef | None, set_aside: dict[str, int]
+) -> str:
     """One GRPO batch for the terminal: what trained, what was refused and why, what tied.
 
     A refused group failed the checks `training_groups` runs before any training (its
     rewards or tokens cannot be trusted); a tied group passed them, but its members all
-    scored alike, so every advantage is 0 and it teaches nothing. `policy` None: the batch
-    trained nothing and is not counted as a step.
+    scored alike, so every advantage is 0 and it teaches nothing. `set_aside` counts, by
+    reason, the groups judged so as they arrived while the batch filled (`set_aside_counts`).
+    `policy` None: the batch trained nothing and is not counted as a step.
     """
     groups = len(info["groups"])
     useful = info["trainable"] - info.get("tied", 0)
@@ -220,6 +228,12 @@ def step_line(step: int, info: dict[str, Any], policy: PolicyRef | None) -> str:
         parts.append(f"{len(info['refused'])} refused by the checks before training ({why})")
     if info.get("tied"):
         parts.append(f"{info['tied']} tied (members all scored alike: nothing to learn)")
+    if set_aside:
+        why = ", ".join(
+            f"{n} {'tied' if k == 'tied' else REFUSALS.get(k, k)}"
+            for k, n in Counter(set_aside).most_common()
+        )
+        parts.append(f"{sum(set_aside.values())} set aside while the batch filled ({why})")
     if policy is None:
         return f"step {step}: {'; '.join(parts)}; not a step, sampling another batch"
     return f"step {step} -> policy v{policy.version}: {'; '.join(parts)}"
@@ -228,20 +242,33 @@ def step_line(step: int, info: dict[str, Any], policy: PolicyRef | None) -> str:
 def stopped_line(step: int, groups_per_step: int) -> str:
     """Why GRPO ended before its budget of steps."""
     return (
-        f"GRPO stopped at step {step}: {MAX_IDLE_BATCHES} batches in a row "
-        f"({MAX_IDLE_BATCHES * groups_per_step} groups) trained nothing, so the policy has "
-        "stopped exploring; the final evaluation follows"
+        f"GRPO stopped at step {step}: {MAX_IDLE_BATCHES * groups_per_step} groups in a row "
+        "trained nothing (all tied or refused), so the policy has stopped exploring; the final "
+        "evaluation follows"
     )
 
 
 def idle_streak(log: RunLog) -> int:
-    """Batches that trained nothing since the last step that trained (resumes included)."""
+    """Groups that trained nothing since the last step that trained (resumes included):
+    set aside as they arrived, or in a batch that trained nothing."""
     streak = 0
     for record in reversed(log.records):
         if record["kind"] == "step":
             break
-        streak += record["kind"] == "skipped"
+        if record["kind"] in ("skipped", "set_aside"):
+            streak += len(record["groups"])
     return streak
+
+
+def set_aside_counts(log: RunLog) -> dict[str, int]:
+    """Why the groups set aside while the current batch filled were (reason: count)."""
+    counts: Counter[str] = Counter()
+    for record in reversed(log.records):
+        if record["kind"] in ("step", "skipped"):
+            break
+        if record["kind"] == "set_aside":
+            counts[record["reason"]] += 1
+    return dict(counts)
 
 
 def plot_curve(evals: Iterable[dict[str, Any]], path: Path) -> None:
