@@ -78,9 +78,15 @@ def test_the_summary_curve_and_steps_render(demo_run, demo_page, browser):
     summary = json.loads((demo_run / "summary.json").read_text())
     assert js(browser, "return document.getElementById('problems')") is None
     shown = js(browser, "return document.querySelector('b[data-key=final_return]').textContent")
-    # The summary's value to 3 places, as JavaScript rounds it (a value half-way between two,
-    # such as -0.3125 from 32 hands, has one right answer there, not two).
-    assert shown == js(browser, "return arguments[0].toFixed(3)", summary["final_return"])
+    # The summary's value to 3 places as JavaScript rounds it (a value half-way between two,
+    # such as -0.3125 from 32 hands, has one right answer there, not two); a whole number
+    # (0, -1) is shown as it is.
+    expected = js(
+        browser,
+        "const x = arguments[0]; return Number.isInteger(x) ? String(x) : x.toFixed(3)",
+        summary["final_return"],
+    )
+    assert shown == expected
     log = [json.loads(x) for x in (demo_run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in log if r["kind"] == "eval"]
     steps = [r for r in log if r["kind"] == "step"]
