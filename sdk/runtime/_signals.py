@@ -180,7 +180,7 @@ def run(
         interrupts.count += 1
         interrupts._say("interrupted while starting")
     finally:
-        _count_late_signals(interrupts)
+        _install_late_handlers(interrupts)
         _join_new_threads(threads)
         for signum, handler in previous.items():
             # None: installed outside Python; the default is the closest we can put back.
@@ -229,10 +229,11 @@ async def _started(interrupts: Interrupts, *, task_status: Any = anyio.TASK_STAT
     finally:
         # Closing the receiver restores the default handlers (KeyboardInterrupt anywhere,
         # or death by SIGTERM); from here until `run` returns a signal has nothing to stop.
-        _count_late_signals(interrupts)
+        _install_late_handlers(interrupts)
 
 
-def _count_late_signals(interrupts: Interrupts) -> None:
+def _install_late_handlers(interrupts: Interrupts) -> None:
+    """From here on a signal is counted as late (`_late_signal`): it has nothing to stop."""
     for signum in _SIGNALS:
         signal.signal(signum, lambda n, _: _late_signal(interrupts, n))
 
@@ -245,5 +246,5 @@ def _join_new_threads(before: set[threading.Thread]) -> None:
     Joined here, under the late handlers, it is counted like any other late signal.
     """
     for thread in threading.enumerate():
-        if thread not in before and not thread.daemon and thread is not threading.current_thread():
+        if thread not in before and not thread.daemon:
             thread.join()

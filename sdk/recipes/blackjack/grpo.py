@@ -182,6 +182,15 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                         return
                     index += 1
 
+            def stop_if_idle() -> bool:
+                """Stop sampling once `MAX_IDLE_BATCHES` batches' worth of groups in a row
+                trained nothing; True if so."""
+                if idle_streak(run.log) < MAX_IDLE_BATCHES * budget.groups_per_step:
+                    return False
+                run.console.print(stopped_line(step, budget.groups_per_step))
+                driver.cancel()
+                return True
+
             async def consume() -> None:
                 nonlocal step, policy, waiting
                 stopped = False  # GRPO ended early: batches in a row trained nothing
@@ -191,10 +200,7 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                     why = set_aside_reason(group, policy)
                     if why is not None:
                         run.log.write("set_aside", step=step, groups=[group.id], reason=why)
-                        if idle_streak(run.log) >= MAX_IDLE_BATCHES * budget.groups_per_step:
-                            run.console.print(stopped_line(step, budget.groups_per_step))
-                            stopped = True
-                            driver.cancel()
+                        stopped = stop_if_idle()
                         continue
                     waiting.append(group)
                     if len(waiting) < budget.groups_per_step:
@@ -210,10 +216,7 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                     if new is None:  # nothing to learn: not a step, sample another batch
                         run.log.write("skipped", step=step, seconds=time.monotonic() - t0, **info)
                         run.console.print(step_line(step, info, None, aside))
-                        if idle_streak(run.log) >= MAX_IDLE_BATCHES * budget.groups_per_step:
-                            run.console.print(stopped_line(step, budget.groups_per_step))
-                            stopped = True
-                            driver.cancel()
+                        stopped = stop_if_idle()
                         continue
                     await run.publish(new)
                     driver.set_policy(new)

@@ -229,10 +229,7 @@ def step_line(
     if info.get("tied"):
         parts.append(f"{info['tied']} tied (members all scored alike: nothing to learn)")
     if set_aside:
-        why = ", ".join(
-            f"{n} {'tied' if k == 'tied' else REFUSALS.get(k, k)}"
-            for k, n in Counter(set_aside).most_common()
-        )
+        why = ", ".join(f"{n} {REFUSALS.get(k, k)}" for k, n in Counter(set_aside).most_common())
         parts.append(f"{sum(set_aside.values())} set aside while the batch filled ({why})")
     if policy is None:
         return f"step {step}: {'; '.join(parts)}; not a step, sampling another batch"
