@@ -169,22 +169,20 @@ async def test_complete_episodes_in_process_openenv_and_sandbox_concurrently(
 async def test_sampled_turns_are_recorded_exactly(warm_server, client, renderer):
     """At temperature 1 some hands may go wrong; every turn is recorded as sampled anyway.
 
-    Seeded per turn, so that how many hands go wrong is a fact of the warm policy, not luck.
+    Seeded per turn (from the episode id, named here rather than drawn) and played one hand
+    at a time, so that how many hands go wrong is a fact of the warm policy, not luck: hands
+    played at once share the server's batches, and a row's float results depend on which
+    rows share its batch.
     """
     harness = ToolCallingHarness(
         renderer, SeededPolicy(client), SamplingParams(max_tokens=32), system_prompt=SYSTEM_PROMPT
     )
     trajs: list[Trajectory] = []
-
-    async def one(seed: int) -> None:
+    for seed in range(16):
         async with BlackjackEnv() as env:
-            trajs.append(
-                await harness.run(env, Task(id=f"t{seed}", seed=seed), policy=warm_server.warm)
-            )
-
-    async with anyio.create_task_group() as tg:
-        for seed in range(16):
-            tg.start_soon(one, seed)
+            task = Task(id=f"t{seed}", seed=seed)
+            named = Trajectory(id=f"hand-{seed}", task_id=task.id)
+            trajs.append(await harness.run(env, task, policy=warm_server.warm, trajectory=named))
     schemas = [t.schema() for t in BlackjackEnv().tools()]
     for traj in trajs:
         check_exact(traj, client, renderer, schemas)
