@@ -26,7 +26,8 @@ before that stay on the trajectory the caller passed in.
 
 Remote calls (env reset, each tool call, each sample) run inside `lease.operation(...)` when
 a lease is given, so cancelling an episode waits (bounded) for them to settle and
-quarantines the env when they do not.
+quarantines the env when they do not. They share one `SettleWatch`: the loop enters them one
+after another in one scope, and a watcher per call would cost more than the call's shield.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import anyio
 from plies import ConfigError
 from plies.environments import Env, Task, ToolResult
 from plies.policy import Completion, PolicyClient, SamplingParams
-from plies.runtime import EpisodeContext, Lease, Pool
+from plies.runtime import EpisodeContext, Lease, Pool, SettleWatch
 from plies.tokens import ChatRenderer, Conversation, ParsedResponse
 from plies.trajectory import PolicyRef, Status, Trajectory, Turn
 
@@ -228,8 +229,10 @@ async def _parse(conv: Conversation, completion: Completion) -> ParsedResponse:
     )
 
 
-def _operation(lease: Lease[Any] | None, name: str) -> AbstractAsyncContextManager[Any]:
-    return lease.operation(name) if lease is not None else nullcontext()
+def _operation(
+    lease: Lease[Any] | None, name: str, watch: SettleWatch | None
+) -> AbstractAsyncContextManager[Any]:
+    return lease.operation(name, watch=watch) if lease is not None else nullcontext()
 
 
 @dataclass(slots=True)
@@ -247,6 +250,7 @@ class _Episode:
     tool_errors: int = 0
     ill_formed: list[dict[str, Any]] = field(default_factory=list)
     conv: Conversation | None = None
+    watch: SettleWatch | None = None
     sample_s: float = 0.0
     tokens_sampled: int = 0
 
@@ -265,7 +269,14 @@ class _Episode:
         return self.traj
 
     async def _loop(self, task: Task) -> None:
-        async with _operation(self.lease, "reset"):
+        if self.lease is None:
+            await self._turns(task)
+            return
+        async with SettleWatch() as self.watch:  # every block below is entered in this scope
+            await self._turns(task)
+
+    async def _turns(self, task: Task) -> None:
+        async with _operation(self.lease, "reset", self.watch):
             obs = await self.env.reset(task)
         opening = list(obs.messages)
         if self.h.system_prompt is not None:
@@ -282,7 +293,7 @@ class _Episode:
             params = self._params(len(prompt))
             sent = time.time()
             t0 = time.monotonic()
-            async with _operation(self.lease, "sample"):
+            async with _operation(self.lease, "sample", self.watch):
                 completion: Completion = await self.h.policy.sample(
                     prompt, params, policy=self.policy, session=self.traj.id
                 )
@@ -356,7 +367,7 @@ class _Episode:
         done = False
         for call in calls:
             name = call["function"]["name"]
-            async with _operation(self.lease, f"tool:{name}"):
+            async with _operation(self.lease, f"tool:{name}", self.watch):
                 result: ToolResult = await self.env.call_tool(name, call["function"]["arguments"])
             self.tool_calls += 1
             self.tool_errors += result.error

@@ -3,8 +3,9 @@
 - `RolloutResources` holds the policy client and the pools episodes borrow from, and writes
   the quarantine report when it closes.
 - `Pool` (`EnvPool`, `HarnessPool`) lends `Lease`s on resources it creates and tears down;
-  `lease.operation(name)` marks remote work that cancellation waits for. A resource that
-  `HoldsRemote` names its remote state as `RemoteRef`s, which a quarantine report lists.
+  `lease.operation(name)` marks remote work that cancellation waits for (a `SettleWatch`
+  lets a loop's blocks share one watcher). A resource that `HoldsRemote` names its remote
+  state as `RemoteRef`s, which a quarantine report lists.
 - `RolloutDriver` runs episodes of admitted groups and hands back complete groups;
   `ShardedDriver` (the `plies[ray]` extra) does the same over rollout shards on Ray actors.
 - `run` wraps a script's main with three-step Ctrl-C handling; `JsonlSink` and `read_jsonl`
@@ -43,6 +44,7 @@ from ._report import QuarantineReport as QuarantineReport
 from ._report import read_report as read_report
 from ._resources import ResourcesStatistics as ResourcesStatistics
 from ._resources import RolloutResources as RolloutResources
+from ._settle import SettleWatch as SettleWatch
 from ._settle import SettlingState as SettlingState
 from ._shard import ShardSetup as ShardSetup
 from ._sharded import ShardedDriver as ShardedDriver
@@ -82,6 +84,7 @@ __all__ = [
     "ResourcesStatistics",
     "RolloutDriver",
     "RolloutResources",
+    "SettleWatch",
     "SettlingState",
     "ShardLost",
     "ShardSetup",

@@ -15,7 +15,7 @@ from typing import Generic, Protocol, TypeVar
 
 from .._exceptions import UsageError
 from ._remote import RemoteRef
-from ._settle import Settling, SettlingState
+from ._settle import SettleWatch, Settling, SettlingState
 
 __all__ = ["Lease", "LeaseState"]
 
@@ -91,7 +91,9 @@ class Lease(Generic[T]):
         return tuple(op.name for op in self._ops)
 
     @asynccontextmanager
-    async def operation(self, name: str, *, timeout: float | None = None) -> AsyncIterator[None]:
+    async def operation(
+        self, name: str, *, timeout: float | None = None, watch: SettleWatch | None = None
+    ) -> AsyncIterator[None]:
         """Mark a remote operation in flight.
 
         The body runs shielded. If the episode is cancelled meanwhile, the body gets the
@@ -102,6 +104,8 @@ class Lease(Generic[T]):
             name: what the operation does ("step", "exec"), for reports.
             timeout: an overall bound; when it hits, the outcome is unknown, the lease is
                 quarantined and `OperationUnsettled` is raised.
+            watch: the `SettleWatch` of the scope this block is entered in, when its caller
+                has one (a loop making several remote calls per turn): no watcher is started.
 
         Raises:
             UsageError: the lease is no longer borrowed.
@@ -110,7 +114,7 @@ class Lease(Generic[T]):
         if self.state is not LeaseState.BORROWED:
             raise UsageError(f"lease {self.id} is {self.state}; operations need a borrowed lease")
         lender = self._lender
-        op = Settling(name, settle_timeout=lender.settle_timeout, timeout=timeout)
+        op = Settling(name, settle_timeout=lender.settle_timeout, timeout=timeout, watch=watch)
         self._ops.append(op)
         try:
             async with op:

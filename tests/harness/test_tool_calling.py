@@ -170,19 +170,27 @@ async def test_sampled_turns_are_recorded_exactly(warm_server, client, renderer)
     """At temperature 1 some hands may go wrong; every turn is recorded as sampled anyway.
 
     Seeded per turn (from the episode id, named here rather than drawn) and played one hand
-    at a time, so that how many hands go wrong is a fact of the warm policy, not luck: hands
-    played at once share the server's batches, and a row's float results depend on which
-    rows share its batch.
+    at a time (hands played at once share the server's batches, and a row's float results
+    depend on which rows share its batch), so a run repeats on one machine. How many hands
+    go wrong differs between machines (the same code, warm start included: 3 of the first 16
+    on one, 6 on another), so hands are played until 12 have finished, and every turn of
+    every hand played is checked.
     """
     harness = ToolCallingHarness(
         renderer, SeededPolicy(client), SamplingParams(max_tokens=32), system_prompt=SYSTEM_PROMPT
     )
     trajs: list[Trajectory] = []
-    for seed in range(16):
+    done: list[Trajectory] = []
+    for seed in range(48):
         async with BlackjackEnv() as env:
             task = Task(id=f"t{seed}", seed=seed)
             named = Trajectory(id=f"hand-{seed}", task_id=task.id)
-            trajs.append(await harness.run(env, task, policy=warm_server.warm, trajectory=named))
+            traj = await harness.run(env, task, policy=warm_server.warm, trajectory=named)
+        trajs.append(traj)
+        if traj.info["stop_reason"] == StopReason.DONE:
+            done.append(traj)
+            if len(done) == 12:
+                break
     schemas = [t.schema() for t in BlackjackEnv().tools()]
     for traj in trajs:
         check_exact(traj, client, renderer, schemas)
@@ -200,9 +208,8 @@ async def test_sampled_turns_are_recorded_exactly(warm_server, client, renderer)
             assert traj.info["stop_reason"] == StopReason.ILL_FORMED
             assert traj.turns[-1].ill_formed and traj.info["stop_detail"]
             assert traj.reward == DEFAULT_ILL_FORMED_REWARD
-    done = [t for t in trajs if t.info["stop_reason"] == StopReason.DONE]
-    print(f"{len(done)} of 16 hands done")
-    assert len(done) >= 12, [t.info.get("stop_detail") for t in trajs]
+    print(f"{len(done)} of {len(trajs)} hands done")
+    assert len(done) == 12, [t.info.get("stop_detail") for t in trajs]
 
 
 ONE_WORD = SamplingParams(max_tokens=1, stop_token_ids=tuple(range(151936)))

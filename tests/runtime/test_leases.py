@@ -21,6 +21,7 @@ from plies.runtime import (
     RemoteRef,
     RolloutDriver,
     RolloutResources,
+    SettleWatch,
     read_report,
 )
 
@@ -30,8 +31,10 @@ PLIES = str(Path(sys.executable).with_name("plies"))
 REF = PolicyRef(uri="plies://test/policies/0", version=0)
 
 
-async def test_cancel_in_flight_operation_settles_or_quarantines(tmp_path):
-    """Cancelled mid-operation: released if the operation settles in time, else quarantined."""
+@pytest.mark.parametrize("shared", [False, True], ids=["own-watcher", "settle-watch"])
+async def test_cancel_in_flight_operation_settles_or_quarantines(tmp_path, shared):
+    """Cancelled mid-operation: released if the operation settles in time, else quarantined,
+    whether the block watches for itself or shares its loop's `SettleWatch`."""
     report_path = tmp_path / "quarantine.json"
     spawned: dict[str, OpProcess] = {}
     pool = EnvPool(spawn_op_server, kind="process", settle_timeout=1.0, retry_backoff=0.05)
@@ -39,9 +42,13 @@ async def test_cancel_in_flight_operation_settles_or_quarantines(tmp_path):
     async def episode(ctx):
         async with ctx.borrow("env") as lease, httpx.AsyncClient() as http:
             spawned[ctx.task_id] = lease.resource
-            async with lease.operation("step"):
-                r = await http.get(f"{lease.resource.url}/op", params={"s": ctx.task})
-                r.raise_for_status()
+            async with SettleWatch() as watch:
+                # A finished block leaves the watch as it was: the next one is watched too.
+                async with lease.operation("warm-up", watch=watch if shared else None):
+                    await anyio.sleep(0)
+                async with lease.operation("step", watch=watch if shared else None):
+                    r = await http.get(f"{lease.resource.url}/op", params={"s": ctx.task})
+                    r.raise_for_status()
             return ctx.trajectory
 
     try:
@@ -82,6 +89,54 @@ async def test_cancel_in_flight_operation_settles_or_quarantines(tmp_path):
         assert not alive(spawned["quick"].pid)
     finally:
         for proc in spawned.values():
+            kill_group(proc.pid)
+
+
+async def test_blocks_entered_after_a_watched_cancel_get_their_settle_timeout(tmp_path):
+    """A `SettleWatch` that saw its scope cancelled gives each later block `settle_timeout`
+    from its start: one that finishes in time settles, one that does not is cut off and its
+    lease quarantined. A block naming a watch that is not entered is refused."""
+    procs: list[OpProcess] = []
+
+    async def create():
+        procs.append(await spawn_op_server())
+        return procs[-1]
+
+    async def cancelled_call(lease, http, seconds: float) -> tuple[float, int | None]:
+        status = None
+        with anyio.CancelScope() as scope:
+            async with SettleWatch() as watch:
+                scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(0.05)  # the watcher runs and sees the cancel
+                assert watch.cancelled
+                started = anyio.current_time()
+                async with lease.operation("step", watch=watch):
+                    r = await http.get(f"{lease.resource.url}/op", params={"s": seconds})
+                    status = r.status_code
+                pytest.fail("a cancelled caller goes on past its block")
+        assert scope.cancelled_caught
+        return anyio.current_time() - started, status
+
+    pool = EnvPool(create, kind="process", settle_timeout=1.0, retry_backoff=0.05)
+    try:
+        async with RolloutResources(pools=[pool], report_path=tmp_path / "q.json") as res:
+            async with res.env.borrow() as quick, httpx.AsyncClient() as http:
+                with pytest.raises(UsageError, match="not entered"):
+                    async with quick.operation("early", watch=SettleWatch()):
+                        pass
+                took, status = await cancelled_call(quick, http, 0.3)
+                assert status == 200 and 0.3 <= took < 1.0
+                assert not quick.unsettled
+            assert quick.state is LeaseState.RELEASED
+            async with res.env.borrow() as slow, httpx.AsyncClient() as http:
+                took, status = await cancelled_call(slow, http, 30)
+                assert status is None and 1.0 <= took < 5.0
+                assert slow.unsettled
+            assert slow.state is LeaseState.QUARANTINED
+            assert "did not settle within settle_timeout=1s" in slow.reason
+    finally:
+        for proc in procs:
             kill_group(proc.pid)
 
 
