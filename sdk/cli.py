@@ -234,6 +234,14 @@ def demo_blackjack(
             "and the base model; 'all' keeps every one."
         ),
     ] = "3",
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="FIELD=VALUE: change one number of the budget, for a research run "
+            "(repeatable, e.g. --set lr=3e-3 --set grpo_steps=60); run.json records them.",
+        ),
+    ] = None,
     fresh: Annotated[
         bool, typer.Option("--fresh", help="Remove the run already in --out and start over.")
     ] = False,
@@ -250,7 +258,7 @@ def demo_blackjack(
     try:
         code = main(
             out, budget=budget, env=env, sandbox=sandbox, trainer=trainer, tinker_url=tinker_url,
-            keep_policies=keep, fresh=fresh,
+            keep_policies=keep, settings=settings or (), fresh=fresh,
         )  # fmt: skip
     except ConfigError as err:
         typer.echo(f"plies demo: {err}", err=True)

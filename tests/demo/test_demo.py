@@ -33,20 +33,23 @@ def demo(out: Path, *args: str) -> subprocess.Popen:
 @pytest.mark.slow
 @pytest.mark.timeout(1000)  # the wait below bounds it; the default 300 s cannot
 def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
+    """The smoke budget, one number changed by `--set` (the run does, and records, that)."""
     out = tmp_path / "run"
-    rc = wait(demo(out, "--keep-policies", "1"), out, 900)
+    rc = wait(demo(out, "--keep-policies", "1", "--set", "grpo_steps=2"), out, 900)
     log = (tmp_path / "run.log").read_text(errors="replace")
     assert rc == 0, log[-3000:]
+    recorded = json.loads((out / "run.json").read_text())["budget"]
+    assert recorded == {**dataclasses.asdict(BUDGETS["smoke"]), "grpo_steps": 2}
     summary = json.loads((out / "summary.json").read_text())
     for key in ("warm_start_return", "final_return", "eval_hands", "minutes", "policies"):
         assert summary[key] is not None, key
-    assert summary["complete"] and summary["grpo_steps"] == 3
+    assert summary["complete"] and summary["grpo_steps"] == 2
     evals = {r["label"]: r for r in records(out, "eval")}
     assert summary["eval_hands"] + evals["final"]["failed"] == 32
     assert evals["warm_start"]["policy"] == 1 and evals["warm_start"]["hands"] == 32
     assert evals["final"]["return"] == summary["final_return"]
     steps = records(out, "step")
-    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert [s["step"] for s in steps] == [0, 1]
     published = {s["policy"]["version"] for s in steps} | {1}
     assert summary["policies"] == len(published)
     for figure in ("learning_curve.png", "strategy.png"):
@@ -217,7 +220,27 @@ def test_a_budget_whose_numbers_changed_is_refused_in_one_line(tmp_path):
     (out / "run.json").write_text(json.dumps(saved))
     done = _cli("--out", str(out), "--budget", "smoke")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "grpo_steps differ" in done.stderr and "--fresh" in done.stderr
+    assert "grpo_steps differ: grpo_steps=4 then, 3 now" in done.stderr
+    assert "--set" in done.stderr and "--fresh" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("nope=1", "--set nope: not a budget field; known: warm_hands,"),
+        ("lr", "--set 'lr': write FIELD=VALUE"),
+        ("grpo_steps=2.5", "--set grpo_steps=2.5: grpo_steps takes int values"),
+        ("lr=nan", "budget field lr is nan: a finite number > 0"),
+        ("warm_lr=-1", "budget field warm_lr is -1.0: a finite number > 0"),
+        ("group_size=1", "budget field group_size is 1: at least 2"),
+        ("loss=adam", "budget field loss is 'adam'; known: importance_sampling, ppo"),
+    ],
+)
+def test_set_names_what_is_wrong_in_one_line_before_any_work(tmp_path, setting, said):
+    done = _cli("--out", str(tmp_path / "run"), "--budget", "smoke", "--set", setting)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, get_args
@@ -78,10 +80,62 @@ class Budget:
     1 +- 0.2, so a group sampled a version or two back cannot push a token that has already
     moved (see docs/training.md for what unclipped `importance_sampling` did)."""
 
+    def __post_init__(self) -> None:
+        for name, least in _LEAST.items():
+            value = getattr(self, name)
+            if isinstance(value, float):
+                if not (math.isfinite(value) and value > least):
+                    raise ConfigError(
+                        f"budget field {name} is {value}: a finite number > {least:g}"
+                    )
+            elif value < least:
+                raise ConfigError(f"budget field {name} is {value}: at least {least}")
+        if self.loss not in get_args(LossName):
+            raise ConfigError(
+                f"budget field loss is {self.loss!r}; known: {', '.join(get_args(LossName))}"
+            )
+
     @property
     def groups_in_flight(self) -> int:
         """The driver's bound on groups admitted ahead of training (staleness by pacing)."""
         return MAX_STALENESS * self.groups_per_step
+
+
+_LEAST: dict[str, float] = {
+    "warm_hands": 1, "warm_steps": 1, "warm_batch": 1, "warm_lr": 0.0,
+    "grpo_steps": 1, "groups_per_step": 1, "group_size": 2, "lr": 0.0,
+    "eval_hands": 1, "curve_every": 0, "curve_hands": 1, "eval_concurrency": 1,
+    "max_turns": 1, "max_new_tokens": 1,
+}  # fmt: skip
+"""The least value of each numeric field (a learning rate: above it). A group needs two
+members for a group baseline to say anything; `curve_every` 0 draws no curve."""
+
+
+def budget_with(name: str, settings: Sequence[str]) -> Budget:
+    """`BUDGETS[name]` with each `FIELD=VALUE` of `--set` applied, for research runs.
+
+    Raises:
+        ConfigError: an unknown budget or field, a value of the wrong type, or out of range.
+    """
+    if name not in BUDGETS:
+        raise ConfigError(f"unknown budget {name!r}; known: {', '.join(BUDGETS)}")
+    preset = BUDGETS[name]
+    known = [f.name for f in fields(Budget)]
+    changes: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, text = setting.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key or not text:
+            raise ConfigError(f"--set {setting!r}: write FIELD=VALUE, e.g. --set lr=3e-3")
+        if key not in known:
+            raise ConfigError(f"--set {key}: not a budget field; known: {', '.join(known)}")
+        kind = type(getattr(preset, key))  # int, float, or str (the loss's name)
+        try:
+            value: Any = int(text) if kind is int else float(text) if kind is float else text
+        except ValueError:
+            raise ConfigError(f"--set {key}={text}: {key} takes {kind.__name__} values") from None
+        changes[key] = value
+    return replace(preset, **changes)
 
 
 BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
@@ -130,10 +184,14 @@ class DemoConfig:
     keep_policies: int | None = DEFAULT_KEEP_POLICIES
     """Newest GRPO policies kept on disk (`--keep-policies`); None keeps every one. Not part
     of `key()`: it changes what stays on disk, not what the run computes."""
+    settings: tuple[str, ...] = ()
+    """`--set FIELD=VALUE`s changing the budget's numbers (a research run); the numbers the
+    run uses are `plan`, which run.json records and a resume must match."""
+    plan: Budget = field(init=False)
+    """The budget with `settings` applied: what the run does."""
 
     def __post_init__(self) -> None:
-        if self.budget not in BUDGETS:
-            raise ConfigError(f"unknown budget {self.budget!r}; known: {', '.join(BUDGETS)}")
+        object.__setattr__(self, "plan", budget_with(self.budget, self.settings))
         for option, value, known in (
             ("env", self.env, get_args(EnvName)),
             ("sandbox", self.sandbox, get_args(SandboxName)),

@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
@@ -39,7 +39,6 @@ from plies.testing import ServerProcess, plies_command, serve_process, tiny_mode
 from plies.tokens import ChatRenderer
 
 from .config import (
-    BUDGETS,
     DEFAULT_KEEP_POLICIES,
     TEMPLATE_KWARGS,
     DemoConfig,
@@ -103,6 +102,7 @@ def main(
     trainer: TrainerName = "native",
     tinker_url: str | None = None,
     keep_policies: int | None = DEFAULT_KEEP_POLICIES,
+    settings: Sequence[str] = (),
     fresh: bool = False,
 ) -> int:
     """Run (or resume) the job in `out`; return the exit code (130 after Ctrl-C).
@@ -110,6 +110,7 @@ def main(
     `trainer="tinker"` trains and samples through the Tinker API: on `tinker_url` (or
     `TINKER_BASE_URL`, with `TINKER_API_KEY`), else on the embedded server's (`trainers`).
     `keep_policies`: the newest GRPO policies kept on disk (None: all; `retention`).
+    `settings`: `FIELD=VALUE`s changing the budget's numbers (`config.budget_with`).
     `fresh`: remove the run already in `out` and start over.
 
     Raises:
@@ -124,6 +125,7 @@ def main(
         trainer=trainer,
         tinker_url=tinker_url,
         keep_policies=keep_policies,
+        settings=tuple(settings),
     )
     if config.sandbox == "e2b" and not os.environ.get("E2B_API_KEY"):
         # Without it the warm start would run and then every hand fail.
@@ -156,7 +158,7 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
     """Record the run's options in `run.json`, or check that they match the run found there."""
     config.out.mkdir(parents=True, exist_ok=True)
     run_file = config.out / "run.json"
-    budget = asdict(BUDGETS[config.budget])
+    budget = asdict(config.plan)
     if not run_file.exists():
         # Atomic: a crash mid-write must not leave a run.json that no resume can read.
         # What sampled the run's turns: only the embedded server's are bit-reproducible.
@@ -184,14 +186,17 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
             "remove that run and start over"
         )
     if saved_budget != budget:
-        # Same name, other numbers (the budget table changed): the log would not fit them.
+        # Same name, other numbers (another --set, or the budget table changed): the log
+        # would not fit them.
         changed = sorted(
             k for k in budget.keys() | saved_budget.keys() if budget.get(k) != saved_budget.get(k)
         )
+        values = ", ".join(f"{k}={saved_budget.get(k)} then, {budget.get(k)} now" for k in changed)
         raise ConfigError(
             f"{config.out} was run with other values of budget {config.budget!r} "
-            f"({', '.join(changed)} differ); run in another directory (--out), or add "
-            "--fresh to remove that run and start over"
+            f"({', '.join(changed)} differ: {values}); resume it with the --set values it was "
+            "run with, run in another directory (--out), or add --fresh to remove that run "
+            "and start over"
         )
     console.print(f"[bold]resuming[/] the run in {config.out}")
 
@@ -200,7 +205,7 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
     from transformers import AutoTokenizer  # heavy: loaded once the options are known good
 
     console = Console(stderr=True, soft_wrap=True)  # a log keeps each line whole
-    budget = BUDGETS[config.budget]
+    budget = config.plan
     out = config.out
     started = time.monotonic()
     progress = RunProgress(console)

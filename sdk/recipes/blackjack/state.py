@@ -15,7 +15,7 @@ from plies.runtime import Interrupts, RolloutResources
 from plies.tokens import ChatRenderer
 from plies.training import Trainer
 
-from .config import BUDGETS, Budget, DemoConfig
+from .config import Budget, DemoConfig
 from .progress import RunProgress
 from .retention import prune_policies
 from .runlog import RunLog
@@ -58,7 +58,7 @@ class RunState:
 
     @property
     def budget(self) -> Budget:
-        return BUDGETS[self.config.budget]
+        return self.config.plan
 
     @property
     def out(self) -> Path:
