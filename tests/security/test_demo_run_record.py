@@ -39,5 +39,10 @@ def test_a_budget_of_the_same_name_with_other_values_is_refused(tmp_path):
     changed = asdict(replace(BUDGETS["smoke"], warm_steps=BUDGETS["smoke"].warm_steps + 1))
     key = DemoConfig(out=out, budget="smoke").key()  # the same options, whatever they are
     (out / "run.json").write_text(json.dumps({"config": key, "budget": changed}))
-    refused(demo(out), "was run with other values of budget 'smoke' (warm_steps differ)")
+    steps = BUDGETS["smoke"].warm_steps
+    refused(
+        demo(out),
+        "was run with other values of budget 'smoke' "
+        f"(warm_steps differ: warm_steps={steps + 1} then, {steps} now)",
+    )
     assert not (out / "metrics.jsonl").exists()
