@@ -8,11 +8,11 @@ body either finishes in time (settled: its outcome is known) or is cut off (unse
 outcome is unknown, and whoever owns the resource must quarantine it).
 
 A block is entered once per remote call, so it is on the runtime's per-turn path. Spawning
-a watcher costs several times what the shield does (bench/rollout_bench.py, two blocks a
-turn), so a loop that enters its blocks one after another in one scope shares one watcher,
-a `SettleWatch`, instead of starting one per block. A block's own watcher is dismissed by an
-event rather than by cancelling its task group, because anyio formats a task repr for every
-cancellation.
+a watcher (a task group, a task, an event) costs several times what the shield does, so a
+loop that enters its blocks one after another in one scope shares one watcher, a
+`SettleWatch`, instead of starting one per block (docs/scaling.md has the per-turn
+figures). A block's own watcher is dismissed by an event rather than by cancelling its task
+group, because anyio formats a task repr for every cancellation.
 """
 
 from __future__ import annotations
