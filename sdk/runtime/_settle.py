@@ -119,11 +119,10 @@ class Settling:
     """
 
     __slots__ = (
-        "_dismissed",
         "_done",
+        "_own_watch",
         "_shield",
-        "_tg",
-        "_watch_by",
+        "_watch",
         "name",
         "settle_timeout",
         "state",
@@ -143,31 +142,20 @@ class Settling:
         self.timeout = timeout
         self.state = SettlingState.RUNNING
         self._done = False
-        self._tg: TaskGroup | None = None
         self._shield: CancelScope | None = None
-        self._watch_by = watch
-        self._dismissed: anyio.Event | None = None
+        self._watch = watch
+        self._own_watch = watch is None
 
     async def __aenter__(self) -> Settling:
         deadline = math.inf if self.timeout is None else anyio.current_time() + self.timeout
         self._shield = CancelScope(shield=True, deadline=deadline)
-        if self._watch_by is not None:
-            self._watch_by._join(self)
-            self._shield.__enter__()
-            return self
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        if self._own_watch:  # a watch of the block's own: the caller's scope is its scope
+            self._watch = SettleWatch()
+            await self._watch.__aenter__()
+        assert self._watch is not None
+        self._watch._join(self)
         self._shield.__enter__()
-        self._dismissed = anyio.Event()
-        self._tg.start_soon(self._watch, self._dismissed, name="plies-settle-watch")
         return self
-
-    async def _watch(self, dismissed: anyio.Event) -> None:
-        try:
-            await dismissed.wait()
-        except anyio.get_cancelled_exc_class():
-            self._settle_from_now()
-            raise
 
     def _settle_from_now(self) -> None:
         """The caller was cancelled: the body has `settle_timeout` from now."""
@@ -192,12 +180,10 @@ class Settling:
         swallowed = self._shield.__exit__(exc_type, exc, tb)
         cut_off = self._shield.cancelled_caught
         self.state = SettlingState.UNSETTLED if cut_off else SettlingState.SETTLED
-        if self._watch_by is not None:
-            self._watch_by._active.discard(self)
-        else:
-            assert self._tg is not None and self._dismissed is not None
-            self._dismissed.set()
-            await self._tg.__aexit__(None, None, None)
+        assert self._watch is not None
+        self._watch._active.discard(self)
+        if self._own_watch:
+            await self._watch.__aexit__(None, None, None)
         # A caller cancelled while the body ran sees its cancellation here, at the end of
         # the block, whether the body settled or was cut off.
         await checkpoint_if_cancelled()
