@@ -30,6 +30,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field
 
+from .._net import SERVER_KEEPALIVE_S
 from ._blackjack_game import BlackjackGame, IllegalMove
 from .blackjack import new_seed
 
@@ -125,7 +126,9 @@ async def serve(host: str, port: int, max_sessions: int) -> None:
     # delayed ACK (about 40 ms on Linux loopback).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
-    config = uvicorn.Config(app, log_config=None, access_log=False)
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, timeout_keep_alive=SERVER_KEEPALIVE_S
+    )
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])

@@ -1,14 +1,29 @@
-"""What the servers share about where they listen.
+"""What plies' servers and clients share about connections.
 
 Root-private, like `_durable`: both `plies serve` and `plies gateway` refuse to bind beyond
-loopback without a token, and must agree on what loopback is.
+loopback without a token, and must agree on what loopback is; and every client and server
+must agree on who closes an idle connection first.
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-__all__ = ["is_loopback"]
+__all__ = ["CLIENT_KEEPALIVE_S", "SERVER_KEEPALIVE_S", "is_loopback"]
+
+CLIENT_KEEPALIVE_S = 2.0
+"""How long plies' HTTP clients keep an idle connection for the next request.
+
+Below the idle timeout of the servers they talk to (uvicorn's default, so vLLM's, is 5 s): a
+request sent on a connection in the instant its server closes it fails mid-flight, with an
+outcome nobody can know, and a sample is never retried on that. httpx's default expiry is
+also 5 s, and loses that race now and then.
+"""
+
+SERVER_KEEPALIVE_S = 15
+"""How long `plies serve`, `plies gateway` and the OpenEnv server keep an idle connection:
+above httpx's 5 s default (the tinker SDK, most Python clients), so that a client reuses a
+connection only while the server still wants it."""
 
 
 def is_loopback(host: str) -> bool:

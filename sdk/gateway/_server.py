@@ -16,6 +16,7 @@ import uvicorn
 from anyio.abc import TaskGroup
 
 from .._exceptions import GatewayError, UsageError
+from .._net import SERVER_KEEPALIVE_S
 from ._app import create_app
 from ._gateway import Gateway
 
@@ -90,6 +91,7 @@ class GatewayServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=int(_SHUTDOWN_GRACE),
+            timeout_keep_alive=SERVER_KEEPALIVE_S,
         )
         server = self._server = _Uvicorn(config)
         self._tg = anyio.create_task_group()

@@ -51,6 +51,7 @@ from .._exceptions import (
     PolicyUnavailable,
 )
 from .._lifecycle import AsyncLifecycle
+from .._net import CLIENT_KEEPALIVE_S
 from ..trajectory import PolicyRef
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 from ._types import Completion, SamplingParams
@@ -182,7 +183,9 @@ class HTTPPolicyClient(AsyncLifecycle):
                 timeout=self.timeout.to_httpx(),
                 headers=self._headers,
                 limits=httpx.Limits(
-                    max_connections=LANE_REQUESTS, max_keepalive_connections=LANE_REQUESTS
+                    max_connections=LANE_REQUESTS,
+                    max_keepalive_connections=LANE_REQUESTS,
+                    keepalive_expiry=CLIENT_KEEPALIVE_S,
                 ),
             )
         )

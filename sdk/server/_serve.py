@@ -16,7 +16,7 @@ import anyio
 from pydantic import ValidationError
 
 from .._exceptions import ConfigError
-from .._net import is_loopback
+from .._net import SERVER_KEEPALIVE_S, is_loopback
 from ..wire.sampling import served_name
 from ._app import create_app
 from ._config import ServerConfig
@@ -112,7 +112,12 @@ async def _run(config: ServerConfig, test_faults: bool, sock: socket.socket) -> 
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(
         uvicorn.Config(
-            app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+            app,
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=SERVER_KEEPALIVE_S,
         )
     )
     async with anyio.create_task_group() as tg:

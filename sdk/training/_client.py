@@ -40,6 +40,7 @@ from .._exceptions import (
     UsageError,
 )
 from .._lifecycle import AsyncLifecycle
+from .._net import CLIENT_KEEPALIVE_S
 from ..trajectory import PolicyRef
 from ..wire.training import (
     AdamParams,
@@ -122,6 +123,7 @@ class TrainingClient(AsyncLifecycle):
             base_url=self.base_url,
             timeout=httpx.Timeout(self.timeout, connect=5.0),
             headers=self._headers,
+            limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S),
         )
         return self
 
