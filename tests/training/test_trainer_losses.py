@@ -75,6 +75,22 @@ def direct_loss(model, batch: TrainingBatch, loss: str, clip_low: float, clip_hi
     return torch.stack(terms).sum() / len(terms)
 
 
+def direct_entropy(model, batch: TrainingBatch, top_k: int | None = None) -> float:
+    """The mean entropy of the sampling distribution at the loss positions, by
+    `torch.distributions` over full logits (top-k: only the k largest logits)."""
+    values = []
+    with torch.no_grad():
+        for d in batch.data:
+            logits = model(input_ids=torch.tensor([d.tokens])).logits[0].float() / batch.temperature
+            for i in range(1, len(d.tokens)):
+                if d.mask[i]:
+                    row = logits[i - 1]
+                    if top_k is not None:
+                        row = torch.topk(row, top_k).values
+                    values.append(torch.distributions.Categorical(logits=row).entropy())
+    return float(torch.stack(values).mean())
+
+
 @pytest.mark.parametrize("loss", ["importance_sampling", "ppo", "cross_entropy"])
 def test_loss_and_gradients_match_a_direct_full_logits_computation(model_dir, loss):
     ours, reference = load(model_dir), load(model_dir)
@@ -89,6 +105,7 @@ def test_loss_and_gradients_match_a_direct_full_logits_computation(model_dir, lo
     expected.backward()
 
     assert metrics["loss"] == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    assert metrics["entropy"] == pytest.approx(direct_entropy(reference, batch), rel=1e-5)
     assert metrics["tokens"] == batch.loss_tokens == 39
     # The head saw only loss positions: 2-D (rows, hidden), one row per masked token.
     assert all(len(shape) == 2 for shape in head_rows)
@@ -128,7 +145,10 @@ def test_top_k_sampling_is_part_of_the_convention(model_dir):
             logprobs[i] = float(logp[tokens[i]])
     datum = Datum(tokens=tokens, mask=d.mask, logprobs=logprobs, advantages=d.advantages)
     batch = TrainingBatch(data=[datum], temperature=TEMPERATURE, top_k=50)
-    assert batch_loss(model, batch, "importance_sampling")["logprob_diff_max"] < 1e-5
+    metrics = batch_loss(model, batch, "importance_sampling")
+    assert metrics["logprob_diff_max"] < 1e-5
+    # The entropy is that of the renormalised top-k distribution: tokens outside add nothing.
+    assert metrics["entropy"] == pytest.approx(direct_entropy(model, batch, top_k=50), rel=1e-5)
     plain = TrainingBatch(data=[datum], temperature=TEMPERATURE)
     assert batch_loss(model, plain, "importance_sampling")["logprob_diff_max"] > 1e-3
 
