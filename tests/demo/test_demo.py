@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from demo_runs import records, wait
-from smoke_run import SMOKE, WARM_STEPS
 
 from plies.recipes.blackjack import BUDGETS
 from plies.recipes.blackjack.config import DEFAULT_KEEP_POLICIES
@@ -26,7 +25,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 def demo(out: Path, *args: str) -> subprocess.Popen:
     log = (out.parent / f"{out.name}.log").open("ab")
     return subprocess.Popen(
-        [*DEMO, "--out", str(out), *SMOKE, *args],
+        [*DEMO, "--out", str(out), "--budget", "smoke", *args],
         stdout=log, stderr=subprocess.STDOUT, env=ENV,
     )  # fmt: skip
 
@@ -40,11 +39,7 @@ def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
     log = (tmp_path / "run.log").read_text(errors="replace")
     assert rc == 0, log[-3000:]
     recorded = json.loads((out / "run.json").read_text())["budget"]
-    assert recorded == {
-        **dataclasses.asdict(BUDGETS["smoke"]),
-        "warm_steps": WARM_STEPS,
-        "grpo_steps": 2,
-    }
+    assert recorded == {**dataclasses.asdict(BUDGETS["smoke"]), "grpo_steps": 2}
     summary = json.loads((out / "summary.json").read_text())
     for key in ("warm_start_return", "final_return", "eval_hands", "minutes", "policies"):
         assert summary[key] is not None, key
@@ -183,8 +178,9 @@ def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_checkpoint
     warm_ops = [r["op_id"] for r in later if r["op_id"].startswith("warm-")]
     assert warm_ops and min(_warm_step(op) for op in warm_ops if op != "warm-save") == done
     # ...and every warm-start step was applied exactly once across both runs.
+    warm_steps = BUDGETS["smoke"].warm_steps
     opts = [r["op_id"] for r in optim_steps() if r["op_id"].startswith("warm-")]
-    assert opts == [f"warm-{k}-opt" for k in range(WARM_STEPS)]
+    assert opts == [f"warm-{k}-opt" for k in range(warm_steps)]
     assert json.loads((out / "summary.json").read_text())["complete"]
 
 

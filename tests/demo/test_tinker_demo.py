@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from demo_runs import records, wait
-from smoke_run import SMOKE, WARM_STEPS
 
 from plies import PolicyRef
 from plies.recipes.blackjack import BUDGETS
@@ -36,7 +35,7 @@ for _var in ("TINKER_BASE_URL", "TINKER_API_KEY"):  # the embedded server, not o
 
 def demo(out: Path) -> subprocess.Popen:
     log = (out.parent / f"{out.name}.log").open("ab")
-    argv = [*DEMO, "--out", str(out), *SMOKE, "--trainer", "tinker"]
+    argv = [*DEMO, "--out", str(out), "--budget", "smoke", "--trainer", "tinker"]
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
 
 
@@ -96,7 +95,8 @@ def test_ctrl_c_then_resume_on_tinker_applies_every_step_once(tmp_path):
     # Every step applied exactly once along the run: the warm start and the steps logged
     # before Ctrl-C on the first model, the rest on the second; none repeated, none extra.
     trained = lambda steps: sum(s.get("loss") is not None for s in steps)  # noqa: E731
-    assert len(applied(first_ops, "optim_step")) == WARM_STEPS + trained(before)
+    warm_steps = BUDGETS["smoke"].warm_steps
+    assert len(applied(first_ops, "optim_step")) == warm_steps + trained(before)
     assert len(applied(second_ops, "optim_step")) == trained(after[len(before) :])
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from _view_runs import DEMO_TIMEOUT, ENV
-from smoke_run import SMOKE
 
 from plies.testing import plies_command
 
@@ -43,7 +42,7 @@ def demo_run(tmp_path_factory) -> Iterator[Path]:
         return
     out = tmp_path_factory.mktemp("view-demo") / "run"
     log = out.parent / "demo.log"
-    argv = [*plies_command("demo", "blackjack"), "--out", str(out), *SMOKE]
+    argv = [*plies_command("demo", "blackjack"), "--out", str(out), "--budget", "smoke"]
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=ENV)
         try:
