@@ -132,7 +132,8 @@ class TinkerTrainingClient(AsyncLifecycle):
             its checkpoint, Adam state included, and the run continues after it.
         keep_checkpoints: delete this client's training checkpoints but the newest this
             many (each holds the weights and Adam state); None keeps all. Sampler weights
-            are never deleted: episodes may still sample from them.
+            are deleted only by `delete_policy`: only the caller knows which episodes may
+            still sample from them.
         result_timeout: seconds to wait for one op's result before quarantining.
         connect_timeout: seconds allowed to open the session and create the model.
 
@@ -393,22 +394,42 @@ class TinkerTrainingClient(AsyncLifecycle):
         await self._prune()
         return policy
 
+    async def delete_policy(self, policy: PolicyRef) -> None:
+        """Delete `policy`'s sampler weights from the service (of this run or an earlier one
+        it resumed), for a caller that knows nothing samples from them any more. Their
+        training checkpoint is `keep_checkpoints`' business, not this call's.
+
+        Raises:
+            ConfigError: `policy` is not sampler weights a `save_policy` returned.
+            TrainingError: the service did not delete them (they stay); the message names
+                the path and why.
+        """
+        tinker_checkpoint(policy)  # the shape check
+        try:
+            await self._delete(policy.uri)
+        except Exception as exc:
+            raise TrainingError(
+                f"could not delete the sampler weights {policy.uri}: {type(exc).__name__}: {exc}"
+            ) from exc
+
     async def _prune(self) -> None:
         """Delete training checkpoints beyond `keep_checkpoints`; a failure is logged with
         the path (the checkpoint is then left on the service), never raised."""
-        import tinker
-
         while self.keep_checkpoints is not None and len(self._saved) > self.keep_checkpoints:
             old = self._saved.pop(0)
-
-            def delete(path: str = old) -> None:
-                rest = tinker.RestClient(base_url=self.base_url, api_key=self._api_key)
-                rest.delete_checkpoint_from_tinker_path(path).result()
-
             try:
-                await blocking(delete, timeout=self.connect_timeout, what="delete")
+                await self._delete(old)
             except Exception as exc:
                 log.warning("could not delete the checkpoint %s (it stays): %r", old, exc)
+
+    async def _delete(self, path: str) -> None:
+        import tinker
+
+        def delete() -> None:
+            rest = tinker.RestClient(base_url=self.base_url, api_key=self._api_key)
+            rest.delete_checkpoint_from_tinker_path(path).result()
+
+        await blocking(delete, timeout=self.connect_timeout, what="delete")
 
     async def reconcile(self) -> Any:
         """Wait again for the op that quarantined the client; lift the quarantine once known.

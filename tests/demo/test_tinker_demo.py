@@ -36,6 +36,7 @@ for _var in ("TINKER_BASE_URL", "TINKER_API_KEY"):  # the embedded server, not o
 def demo(out: Path) -> subprocess.Popen:
     log = (out.parent / f"{out.name}.log").open("ab")
     argv = [*DEMO, "--out", str(out), "--budget", "smoke", "--trainer", "tinker"]
+    argv += ["--keep-policies", "1"]
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
 
 
@@ -98,6 +99,18 @@ def test_ctrl_c_then_resume_on_tinker_applies_every_step_once(tmp_path):
     warm_steps = BUDGETS["smoke"].warm_steps
     assert len(applied(first_ops, "optim_step")) == warm_steps + trained(before)
     assert len(applied(second_ops, "optim_step")) == trained(after[len(before) :])
+
+    # --keep-policies 1: the warm start's policy and the newest stay on the service; the
+    # sampler weights of the others, from both training runs, were deleted through the API.
+    logged = [r["policy"] for r in records(out, "warm_start") + after]
+    uris = {p["version"]: p["uri"] for p in logged}
+    kept = {logged[0]["version"], logged[-1]["version"]}
+    retention = json.loads((out / "retention.json").read_text())
+    assert retention["removed"] == sorted(set(uris) - kept)
+    assert set(retention["kept"]) == kept
+    registry = (out / "server" / "tinker" / "samplers.jsonl").read_text().splitlines()
+    forgotten = [json.loads(line)["forget"] for line in registry if '"forget"' in line]
+    assert sorted(forgotten) == sorted(uris[v] for v in retention["removed"])
 
 
 def test_a_tinker_service_that_is_down_or_misnamed_is_one_line_and_exit_2(tmp_path):

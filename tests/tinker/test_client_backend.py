@@ -51,6 +51,11 @@ from plies.policy import (
     TinkerPolicyClient,
     publish,
 )
+from plies.recipes.blackjack.retention import (
+    RETENTION_FILE,
+    prune_service_policies,
+    removed_versions,
+)
 from plies.training import (
     AdamParams,
     Datum,
@@ -191,6 +196,56 @@ async def test_a_run_resumed_from_a_saved_policy_takes_the_step_it_would_have(se
         "weights/plies-v000003",
     ]
     assert newest.version == 3
+
+
+async def test_delete_policy_removes_sampler_weights_of_this_run_and_an_earlier_one(served):
+    async with tinker_client(served.url) as first:
+        older = await first.save_policy()
+    async with tinker_client(served.url, resume_from=older) as trainer:
+        kept, doomed = await trainer.save_policy(), await trainer.save_policy()
+        await trainer.delete_policy(doomed)
+        await trainer.delete_policy(older)  # the run this one resumed from
+        with pytest.raises(TrainingError, match=r"plies-v000003.*404|404.*plies-v000003"):
+            await trainer.delete_policy(doomed)  # gone already: the service says so
+        with pytest.raises(ConfigError, match="not Tinker sampler weights"):
+            await trainer.delete_policy(PolicyRef(uri="file:///tmp/model", version=9))
+    rest = tinker.RestClient(base_url=served.url, api_key=KEY)
+
+    def sampler_ids(model_id: str) -> list[str]:
+        listed = rest.list_checkpoints(model_id).result().checkpoints
+        return sorted(c.checkpoint_id for c in listed if c.checkpoint_type == "sampler")
+
+    assert await anyio.to_thread.run_sync(sampler_ids, first.model_id) == []
+    assert await anyio.to_thread.run_sync(sampler_ids, trainer.model_id) == [
+        "sampler_weights/" + kept.uri.rpartition("/")[2]
+    ]
+
+
+async def test_the_demo_retention_deletes_what_it_does_not_keep_and_records_a_refusal(
+    served, tmp_path
+):
+    async with tinker_client(served.url) as trainer:
+        published = [await trainer.save_policy() for _ in range(5)]  # v1 .. v5
+        await trainer.delete_policy(published[1])  # v2 gone behind the run's back
+        removed, failures = await prune_service_policies(
+            tmp_path, trainer, published, warm=1, keep=1, sampling=False
+        )
+        assert removed == [3, 4]
+        assert len(failures) == 1 and published[1].uri in failures[0]
+        # The refused one stays in "kept" and out of "removed", so it is tried again.
+        assert json.loads((tmp_path / RETENTION_FILE).read_text()) == {
+            "keep_policies": 1, "kept": [1, 2, 5], "removed": [3, 4],
+        }  # fmt: skip
+        again, _ = await prune_service_policies(
+            tmp_path, trainer, published, warm=1, keep=1, sampling=False
+        )
+        assert again == [] and removed_versions(tmp_path) == {3, 4}
+    rest = tinker.RestClient(base_url=served.url, api_key=KEY)
+    listed = await anyio.to_thread.run_sync(
+        lambda: rest.list_checkpoints(trainer.model_id).result().checkpoints
+    )
+    on_service = sorted(c.checkpoint_id for c in listed if c.checkpoint_type == "sampler")
+    assert on_service == ["sampler_weights/plies-v000001", "sampler_weights/plies-v000005"]
 
 
 async def test_a_batch_sampled_off_temperature_one_is_refused(served):

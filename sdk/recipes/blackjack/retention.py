@@ -20,6 +20,12 @@ tell a version that was not kept from one that never existed::
 (`keep_policies` is `"all"` when nothing is removed.) A version is removed by renaming its
 directory to `.tmp-removed-<version>` first, a name the policy store deletes when it opens,
 so a crash midway never leaves a directory that looks published but lacks its weights.
+
+On the Tinker path (`--trainer tinker`) the service holds the policies, as sampler weights
+named by `tinker://` paths in the run's log; the same versions are kept, and the others are
+deleted through the Tinker API (`prune_service_policies`), on `plies serve` or any other
+service. One the service will not delete stays, is left out of `removed`, and is tried again
+at the next prune.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from plies import PolicyRef, TrainingError
 from plies.runtime import fsync_dir, write_atomic
+from plies.training import TinkerTrainingClient
 
 from .config import MAX_STALENESS
 
@@ -39,6 +47,7 @@ __all__ = [
     "kept_versions",
     "policies_dir",
     "prune_policies",
+    "prune_service_policies",
     "removed_versions",
 ]
 
@@ -95,11 +104,50 @@ def prune_policies(out: Path, *, warm: int | None, keep: int | None, sampling: b
         os.rename(root / str(version), doomed)
         fsync_dir(root)
         shutil.rmtree(doomed, ignore_errors=True)
-    removed = sorted(removed_versions(out) | set(gone))
+    _record(out, keep, kept, gone)
+    return gone
+
+
+async def prune_service_policies(
+    out: Path,
+    trainer: TinkerTrainingClient,
+    published: list[PolicyRef],
+    *,
+    warm: int | None,
+    keep: int | None,
+    sampling: bool,
+) -> tuple[list[int], list[str]]:
+    """Delete on the service the sampler weights of the `published` policies (those the
+    run's log names) that `kept_versions` does not keep; return the versions removed and,
+    for each the service would not delete, why (it stays, and is tried again next time).
+
+    Writes `retention.json` as `prune_policies` does. The base model (not sampler weights)
+    is never deleted.
+    """
+    gone_before = removed_versions(out)
+    by_version = {p.version: p for p in published if p.version not in gone_before}
+    kept = kept_versions(sorted(by_version), warm=warm, keep=keep, sampling=sampling)
+    gone: list[int] = []
+    failures: list[str] = []
+    for version in sorted(set(by_version) - kept):
+        policy = by_version[version]
+        if "/sampler_weights/" not in policy.uri:
+            continue
+        try:
+            await trainer.delete_policy(policy)
+        except TrainingError as exc:
+            failures.append(str(exc))
+        else:
+            gone.append(version)
+    _record(out, keep, kept | (set(by_version) - kept - set(gone)), gone)
+    return gone, failures
+
+
+def _record(out: Path, keep: int | None, kept: set[int], gone: list[int]) -> None:
+    """Write `retention.json`: `removed` accumulates over every prune of the run."""
     record: dict[str, Any] = {
         "keep_policies": "all" if keep is None else keep,
         "kept": sorted(kept),
-        "removed": removed,
+        "removed": sorted(removed_versions(out) | set(gone)),
     }
     write_atomic(out / RETENTION_FILE, (json.dumps(record) + "\n").encode())
-    return gone

@@ -320,7 +320,7 @@ async def _phases(run: RunState) -> None:
     final = run.log.all("step")
     policy = PolicyRef.model_validate(final[-1]["policy"]) if final else policy
     await evaluate(run, policy, budget.eval_hands, "final", len(final))
-    run.prune(sampling=False)
+    await run.prune(sampling=False)
 
 
 async def _warm_start(run: RunState) -> dict[str, Any]:

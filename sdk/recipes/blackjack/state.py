@@ -13,11 +13,11 @@ from plies.harness import ToolCallingHarness
 from plies.policy import TinkerPolicyClient, VLLMClient, publish
 from plies.runtime import Interrupts, RolloutResources
 from plies.tokens import ChatRenderer
-from plies.training import Trainer
+from plies.training import TinkerTrainingClient, Trainer
 
 from .config import Budget, DemoConfig
 from .progress import RunProgress
-from .retention import prune_policies
+from .retention import prune_policies, prune_service_policies
 from .runlog import RunLog
 
 if TYPE_CHECKING:
@@ -73,15 +73,22 @@ class RunState:
         """Serve `policy` for sampling, then remove the published policies the run no longer
         keeps (`retention`); harmless when it is already served."""
         await publish(policy, [self.client])
-        self.prune(sampling=True)
+        await self.prune(sampling=True, newest=policy)
 
-    def prune(self, *, sampling: bool) -> list[int]:
+    async def prune(self, *, sampling: bool, newest: PolicyRef | None = None) -> list[int]:
         """Apply `--keep-policies` to the published policies; `sampling`: groups may still
-        be sampled from the newest `MAX_STALENESS + 1` versions, so those stay too."""
+        be sampled from the newest `MAX_STALENESS + 1` versions, so those stay too.
+        `newest`: a policy just published, not yet in the log."""
         warm = self.log.last("warm_start")
-        return prune_policies(
-            self.out,
-            warm=None if warm is None else warm["policy"]["version"],
-            keep=self.config.keep_policies,
-            sampling=sampling,
+        warm_version = None if warm is None else warm["policy"]["version"]
+        keep = self.config.keep_policies
+        if not isinstance(self.trainer, TinkerTrainingClient):
+            return prune_policies(self.out, warm=warm_version, keep=keep, sampling=sampling)
+        logged = [r["policy"] for kind in ("warm_start", "step") for r in self.log.all(kind)]
+        published = [PolicyRef.model_validate(p) for p in logged] + ([newest] if newest else [])
+        removed, failures = await prune_service_policies(
+            self.out, self.trainer, published, warm=warm_version, keep=keep, sampling=sampling
         )
+        for why in failures:
+            self.console.print(f"[yellow]retention[/]: {why}; it is tried again later")
+        return removed
