@@ -99,6 +99,10 @@ class Handout:
                 self.handed_out += 1
                 self.wake()
                 yield group
+                # Each group is a checkpoint: a burst that one fsync made ready at once would
+                # otherwise be handed out without the loop running anything else in between,
+                # however long the caller spends on each group.
+                await anyio.lowlevel.checkpoint()
             if finished():
                 return
             event = self.changed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 
 import anyio
 import pytest
@@ -92,6 +93,40 @@ async def test_admission_waiting_for_capacity_wakes_up_when_stopped():
             await anyio.sleep(0.05)
             driver.close_admission()
         assert [g.task_id for g in driver.collect()] == ["a"]
+
+
+@pytest.mark.anyio
+async def test_groups_ready_together_are_handed_out_a_checkpoint_apart(tmp_path):
+    """A caller that works on each group without awaiting (building a batch, checking it)
+    still lets the loop run other tasks between groups, also when a burst became ready at
+    once (one fsync for all of them): else episodes and timers wait for the whole burst."""
+    ticks = [0]
+
+    async def ticker() -> None:
+        while True:
+            await anyio.lowlevel.checkpoint()
+            ticks[0] += 1
+
+    async with RolloutResources(pools=[EnvPool(make)]) as res:
+        with JsonlSink(tmp_path / "groups.jsonl") as sink:
+            async with RolloutDriver(
+                res, quick, policy=REF, max_groups_in_flight=None, sink=sink
+            ) as driver:
+                for i in range(8):
+                    await driver.admit(GroupSpec(f"t{i}"))
+                driver.close_admission()
+                await driver.wait_drained()
+                assert driver.poll().groups_in_flight == 8  # all ready, none handed out
+                seen = []
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ticker)
+                    await anyio.lowlevel.checkpoint()
+                    async for group in driver.groups():
+                        seen.append((group.task_id, ticks[0]))
+                    tg.cancel_scope.cancel()
+    assert sorted(t for t, _ in seen) == [f"t{i}" for i in range(8)]
+    between = [b - a for (_, a), (_, b) in itertools.pairwise(seen)]
+    assert all(n >= 1 for n in between), between
 
 
 def test_sink_ends_a_torn_tail_and_the_reader_reports_every_bad_line(tmp_path):

@@ -255,6 +255,10 @@ AFTER_RUN = """
 import os, signal, sys
 from plies.runtime import run
 
+# Python's own Ctrl-C handler, which a process started with SIGINT ignored (a background
+# job of a non-interactive shell) does not get: `run` is to restore whatever was there.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def on_term(signum, frame):
     print("own SIGTERM handler", flush=True)
 
