@@ -139,7 +139,7 @@ async def prune_service_policies(
             failures.append(str(exc))
         else:
             gone.append(version)
-    _record(out, keep, kept | (set(by_version) - kept - set(gone)), gone)
+    _record(out, keep, set(by_version) - set(gone), gone)  # a refused one stays kept
     return gone, failures
 
 
