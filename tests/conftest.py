@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import smoke_run
 from transformers import AutoTokenizer
 
 from plies import PolicyRef, testing
@@ -158,3 +160,34 @@ def warm_server(
 
         warm = anyio.run(train)
         yield WarmServer(server.url, server.model, base, warm, tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> Iterator[Path]:
+    """`plies demo blackjack` with `smoke_run.ARGS`, run once for every test of the session.
+
+    Stopped with Ctrl-C (SIGINT) on every path, so the demo stops its own server.
+    """
+    if reuse := os.environ.get(smoke_run.REUSE):
+        run = Path(reuse)
+        for made in (run / "summary.json", run.parent / smoke_run.LOG):
+            assert made.is_file(), f"{smoke_run.REUSE}={reuse}: no finished run there ({made})"
+        yield run
+        return
+    out = tmp_path_factory.mktemp("demo-run") / "run"
+    log = out.parent / smoke_run.LOG
+    argv = [*testing.plies_command("demo", "blackjack"), "--out", str(out), *smoke_run.ARGS]
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=smoke_run.ENV)
+        try:
+            rc = proc.wait(smoke_run.TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    assert rc == 0, log.read_text(errors="replace")[-3000:]
+    yield out

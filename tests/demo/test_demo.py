@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import smoke_run
 from demo_runs import records, wait
 
 from plies.recipes.blackjack import BUDGETS
@@ -19,37 +19,39 @@ from plies.runtime import read_groups
 from plies.testing import plies_command
 
 DEMO = plies_command("demo", "blackjack")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def demo(out: Path, *args: str) -> subprocess.Popen:
+def demo(out: Path) -> subprocess.Popen:
     log = (out.parent / f"{out.name}.log").open("ab")
     return subprocess.Popen(
-        [*DEMO, "--out", str(out), "--budget", "smoke", *args],
-        stdout=log, stderr=subprocess.STDOUT, env=ENV,
+        [*DEMO, "--out", str(out), "--budget", "smoke"],
+        stdout=log, stderr=subprocess.STDOUT, env=smoke_run.ENV,
     )  # fmt: skip
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1000)  # the wait below bounds it; the default 300 s cannot
-def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
-    """The smoke budget, one number changed by `--set` (the run does, and records, that)."""
-    out = tmp_path / "run"
-    rc = wait(demo(out, "--keep-policies", "1", "--set", "grpo_steps=2"), out, 900)
-    log = (tmp_path / "run.log").read_text(errors="replace")
-    assert rc == 0, log[-3000:]
+@smoke_run.demo_test
+def test_short_demo_writes_metrics_summary_and_curve(demo_run):
+    """The session's smoke run (`smoke_run.ARGS`): one number changed by `--set` (the run
+    does, and records, that), two GRPO policies kept."""
+    out = demo_run
+    log = (out.parent / smoke_run.LOG).read_text(errors="replace")
     recorded = json.loads((out / "run.json").read_text())["budget"]
-    assert recorded == {**dataclasses.asdict(BUDGETS["smoke"]), "grpo_steps": 2}
+    assert recorded == {**dataclasses.asdict(BUDGETS["smoke"]), "curve_hands": 8}
     summary = json.loads((out / "summary.json").read_text())
     for key in ("warm_start_return", "final_return", "eval_hands", "minutes", "policies"):
         assert summary[key] is not None, key
-    assert summary["complete"] and summary["grpo_steps"] == 2
+    assert summary["complete"] and summary["grpo_steps"] == 3
     evals = {r["label"]: r for r in records(out, "eval")}
     assert summary["eval_hands"] + evals["final"]["failed"] == 32
     assert evals["warm_start"]["policy"] == 1 and evals["warm_start"]["hands"] == 32
     assert evals["final"]["return"] == summary["final_return"]
+    # The curve's evaluation (every 2 steps) plays the `--set` number of hands.
+    assert [(r["step"], r["hands"]) for r in records(out, "eval") if r["label"] == "curve"] == [
+        (2, 8)
+    ]
     steps = records(out, "step")
-    assert [s["step"] for s in steps] == [0, 1]
+    assert [s["step"] for s in steps] == [0, 1, 2]
     published = {s["policy"]["version"] for s in steps} | {1}
     assert summary["policies"] == len(published)
     for figure in ("learning_curve.png", "strategy.png"):
@@ -75,12 +77,12 @@ def test_short_demo_writes_metrics_summary_and_curve(tmp_path):
     assert groups.clean
     trained = {g for s in steps for g in s["groups"]}
     assert trained <= {g.id for g in groups.records}
-    # --keep-policies 1: the base model, the warm start's policy and the newest stay.
+    # --keep-policies 2: the base model, the warm start's policy and the newest two stay.
     newest = steps[-1]["policy"]["version"]
     retention = json.loads((out / "retention.json").read_text())
     on_disk = sorted(int(p.name) for p in (out / "server" / "policies").iterdir())
-    assert on_disk == retention["kept"] == [0, 1, newest]
-    assert retention["removed"] == list(range(2, newest))
+    assert on_disk == retention["kept"] == [0, 1, newest - 1, newest]
+    assert retention["removed"] == list(range(2, newest - 1)) != []
     assert summary["disk_mb"] > 0
     # The terminal ends with the result: returns with intervals, the files, how to look.
     tail = log.rstrip().splitlines()[-7:]
@@ -194,7 +196,7 @@ def _made_run(out: Path, budget: str) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*DEMO, *args], capture_output=True, text=True, env=ENV, timeout=120
+        [*DEMO, *args], capture_output=True, text=True, env=smoke_run.ENV, timeout=120
     )  # fmt: skip
 
 

@@ -9,24 +9,13 @@ members, a refused group, quarantined leases.
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
-
-import pytest
 
 from plies import Group, PolicyRef, Status, Trajectory, Turn
 from plies.runtime import JsonlSink
 
 SYSTEM = "You play Blackjack. Reply with exactly one tool call: hit or stand. " * 12
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-"""The environment `plies` subprocesses of these tests run in: offline."""
-DEMO_TIMEOUT = 1200
-"""Seconds the smoke demo may take on a loaded 2-core machine (a few minutes when idle)."""
-
-demo_test = pytest.mark.timeout(DEMO_TIMEOUT + 300)
-"""For a test that uses the `demo_run` fixture: the first one also waits for the demo."""
-
 TOOL_CALL = '<tool_call>\n{"name": "hit", "arguments": {}}\n</tool_call>'
 
 

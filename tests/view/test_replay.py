@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _view_runs import ENV, demo_test
+from smoke_run import ENV, demo_test
 
 from plies import Trajectory
 from plies.runtime import JsonlSink, read_groups
@@ -33,11 +33,17 @@ def plies_replay(run: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def longest_member(run: Path) -> tuple[str, int]:
-    groups = read_groups(run / "groups.jsonl").records
-    return max(
-        ((g.id, m) for g in groups for m in range(len(g.trajectories))),
-        key=lambda gm: len(next(g for g in groups if g.id == gm[0]).trajectories[gm[1]].turns),
-    )
+    """The member with the most turns, of the groups sampled only by policies the run kept
+    (its retention removed the others, and replaying those is refused)."""
+    kept = set(json.loads((run / "retention.json").read_text())["kept"])
+    members = [
+        (len(traj.turns), g.id, m)
+        for g in read_groups(run / "groups.jsonl").records
+        if {t.policy.version for traj in g.trajectories for t in traj.turns} <= kept
+        for m, traj in enumerate(g.trajectories)
+    ]
+    _, group_id, member = max(members, key=lambda x: x[0])
+    return group_id, member
 
 
 @demo_test

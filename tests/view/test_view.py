@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from _view_runs import ENV, demo_test, write_run
+from _view_runs import write_run
+from smoke_run import ENV, demo_test
 
 from plies import Group
 from plies.runtime import JsonlSink, read_groups
