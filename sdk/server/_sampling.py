@@ -50,7 +50,8 @@ def processed_logprobs(
     x = logits.float()
     if temperature <= 0:
         return torch.log_softmax(x, dim=-1)
-    x = x / temperature
+    if temperature != 1.0:  # x / 1.0 is x, bit for bit: the pass (and its backward) is waste
+        x = x / temperature
     if 0 < top_k < x.shape[-1]:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -99,7 +100,8 @@ def _sample_chunk(
         if row.temperature > 0 and (0 < row.top_k < x.shape[-1] or row.top_p < 1.0):
             logp[i] = processed_logprobs(x[i], row.temperature, row.top_k, row.top_p)
         else:
-            scaled = x[i] / row.temperature if row.temperature > 0 else x[i]
+            # Greedy rows take the raw logits; x / 1.0 is x, bit for bit.
+            scaled = x[i] if row.temperature in (0.0, 1.0) else x[i] / row.temperature
             torch.log_softmax(scaled, -1, out=logp[i])
     cdf = torch.exp(logp).cumsum_(dim=-1)
     draws = torch.stack([torch.rand((), generator=r.generator or generator) for r in rows])
