@@ -1,7 +1,7 @@
 """Rollout throughput on the real path, side by side with the runtime's bare episode.
 
     python bench/rollout_bench.py [--latency 0.1] [--concurrency 32 256 1024] [--turns 8]
-        [--template qwen3_training] [--profile PATH] [--gc-threshold N]
+        [--template qwen3_training] [--distinct] [--profile PATH] [--gc-threshold N]
 
 Both paths sample from one IN-PROCESS SCRIPTED POLICY (this bench only): every `sample`
 waits exactly L seconds (an `anyio.sleep`, no CPU) and returns the same tool call, validated
@@ -16,11 +16,15 @@ sink are measured with the turns. With no overhead a run achieves C/L turns/s.
   every completion, an `Env` whose one tool is called every turn (done after `--turns`
   calls), `RolloutDriver` + `EnvPool`, a `JsonlSink` (every group written and fsynced before
   it is handed out) and a quarantine report path. The bench checks that every later turn took
-  the incremental path (no fallback) and that every episode completed.
+  the incremental path (no fallback) and that every episode completed. Its observations
+  repeat (`at 3`), as most envs' do, so the renderer's memos serve most steps and parses;
+  `--distinct` makes every tool result name its episode, so that none is ever seen twice:
+  what an env whose observations never repeat pays.
 
 Printed per C: turns/s in a window after a warm-up, its share of ideal, CPU per turn
 (process CPU time over the window, all threads, divided by the turns in it), and the event
-loop's worst stall (how late a 5 ms sleep in a probe task woke up). CPU time, not wall time,
+loop's worst stall (how late a 5 ms sleep in a probe task woke up), and how many incremental
+steps and parses the renderer's memos served. CPU time, not wall time,
 is the figure to trust on a shared machine: other processes slow the wall clock, not the
 CPU a turn costs here.
 
@@ -84,14 +88,18 @@ STALL_PERIOD = 0.005
 
 
 class CounterEnv(Env):
-    """One tool; the episode is done after `goal` calls."""
+    """One tool; the episode is done after `goal` calls. `distinct`: every result also names
+    the episode's task, so that no two episodes ever see the same observation."""
 
-    def __init__(self, goal: int):
+    def __init__(self, goal: int, distinct: bool = False):
         super().__init__()
         self.goal = goal
         self.count = 0
+        self.distinct = distinct
+        self.tag = ""
 
     async def setup(self, task: Task) -> Observation:
+        self.tag = f" (episode {task.id})" if self.distinct else ""
         return Observation(messages=[{"role": "user", "content": f"Count to {self.goal}."}])
 
     @tool
@@ -99,8 +107,8 @@ class CounterEnv(Env):
         """Move the counter forward."""
         self.count += steps
         if self.count >= self.goal:
-            return ToolResult(content=f"reached {self.count}", reward=1.0, done=True)
-        return ToolResult(content=f"at {self.count}")
+            return ToolResult(content=f"reached {self.count}{self.tag}", reward=1.0, done=True)
+        return ToolResult(content=f"at {self.count}{self.tag}")
 
 
 ADVANCE = {
@@ -318,6 +326,8 @@ class Row:
     stage_cpu_s: dict[str, float] = field(default_factory=dict)
     fallbacks: int = 0
     later_turns: int = 0
+    reuse: str = "-"
+    """The renderer's memos over the whole run: incremental steps and parses reused."""
 
 
 @dataclass(frozen=True)
@@ -328,6 +338,7 @@ class Setup:
     turns: int
     warmup: float | None
     window: float
+    distinct: bool
 
     def warmup_for(self, concurrency: int) -> float:
         """Long enough for C episodes to start in one burst and reach their steady state."""
@@ -364,9 +375,10 @@ async def measure(
         return ctx.trajectory
 
     async def make_env() -> CounterEnv:
-        return CounterEnv(goal=turns)
+        return CounterEnv(goal=turns, distinct=setup.distinct)
 
     with tempfile.TemporaryDirectory() as tmp:
+        renderer = None
         if path == "bare":
             episode, pool, sink_path, report = bare, EnvPool(nothing, limit=concurrency), None, None
         else:
@@ -440,6 +452,14 @@ async def measure(
         finally:
             if sink is not None:
                 sink.close()
+    reuse = "-"
+    if renderer is not None:
+        memos = renderer.statistics()
+        steps, parses = memos.deltas, memos.parses
+        reuse = (
+            f"{steps.hits / max(steps.hits + steps.misses, 1):.0%}/"
+            f"{parses.hits / max(parses.hits + parses.misses, 1):.0%}"
+        )
     stage_cpu = {}
     if stages is not None:
         stage_cpu = {k: stage_marks[1].get(k, 0.0) - stage_marks[0].get(k, 0.0) for k in STAGES}
@@ -452,6 +472,7 @@ async def measure(
         stage_cpu_s=stage_cpu,
         fallbacks=fallbacks,
         later_turns=later,
+        reuse=reuse,
     )
 
 
@@ -470,6 +491,7 @@ def load_setup(args: argparse.Namespace) -> Setup:
         turns=args.turns,
         warmup=args.warmup,
         window=args.window,
+        distinct=args.distinct,
     )
 
 
@@ -485,6 +507,11 @@ def main() -> None:
     )
     parser.add_argument("--window", type=float, default=4.0, help="seconds measured")
     parser.add_argument("--template", default="qwen3_training", help="a TRL template name")
+    parser.add_argument(
+        "--distinct",
+        action="store_true",
+        help="every tool result names its episode: no step, and no later parse, is ever reused",
+    )
     parser.add_argument("--no-stages", action="store_true", help="skip the per-stage runs")
     parser.add_argument("--profile", type=Path, help="write merged cProfile stats here")
     parser.add_argument(
@@ -503,14 +530,18 @@ def main() -> None:
     frozen = ", loaded state frozen" if gc.get_freeze_count() else ""
     print(
         f"scripted in-process policy (bench only): L = {args.latency * 1000:g} ms, "
-        f"{args.turns} turns/episode, template {args.template}; window {args.window:g} s after "
+        f"{args.turns} turns/episode, template {args.template}"
+        f"{', distinct tool results' if args.distinct else ''}; window {args.window:g} s after "
         f"the warm-up; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
         f"gc thresholds {gc.get_threshold()}{frozen}"
     )
     print("CPU/turn: process CPU time (all threads) over the window / turns in the window")
     print("worst stall: wall (and, in brackets, the loop thread's own CPU during it)")
-    header = ("path", "C", "ideal t/s", "achieved", "ratio", "CPU/turn", "worst stall", "incr.")
-    print("{:>7} {:>5} {:>10} {:>9} {:>7} {:>9} {:>18} {:>7}".format(*header), flush=True)
+    print("reused: incremental steps / parses the renderer's memos served (whole run)")
+    header = (
+        "path", "C", "ideal t/s", "achieved", "ratio", "CPU/turn", "worst stall", "incr.", "reused"
+    )  # fmt: skip
+    print("{:>7} {:>5} {:>10} {:>9} {:>7} {:>9} {:>18} {:>7} {:>9}".format(*header), flush=True)
     staged: list[tuple[int, Row]] = []
     for c in args.concurrency:
         for path in ("bare", "harness"):
@@ -525,7 +556,7 @@ def main() -> None:
             print(
                 f"{path:>7} {c:>5} {ideal:>10.0f} {achieved:>9.0f} {achieved / ideal:>7.1%} "
                 f"{cpu_us:>7.0f}us {row.worst_stall_s * 1000:>8.1f}ms "
-                f"({row.worst_stall_cpu_s * 1000:>5.1f}ms) {share:>7}",
+                f"({row.worst_stall_cpu_s * 1000:>5.1f}ms) {share:>7} {row.reuse:>9}",
                 flush=True,
             )
         if not args.no_stages:

@@ -9,6 +9,7 @@ known response template is a `ConfigError`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import types
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._exceptions import ConfigError
+from ._memo import Memo, MemoStatistics, copy_plain, is_plain
 from ._template import chat_template_text, template_hash
 
 __all__ = ["ParsedResponse", "ResponseParser"]
@@ -25,6 +27,8 @@ log = logging.getLogger("plies.tokens")
 _PREFIX_TOKENS = 64
 """How many trailing prompt tokens the parser sees: enough for any generation prompt and prefill,
 and a bound that keeps parsing O(completion) however long the history is."""
+PARSE_MEMO_SIZE = 4096
+"""Parsed completions a parser remembers (`ResponseParser.statistics`)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class ResponseParser:
         self._schema = _compiled(response_template)
         self._tools = list(tools) if tools else None
         self._default_prefix = default_prefix
+        self._memo: Memo[ParsedResponse] = Memo(PARSE_MEMO_SIZE)
         self.source = source
         """Where the response template came from: "tokenizer", "trl" or "none"."""
         self.template_key = template_key
@@ -158,11 +163,28 @@ class ResponseParser:
                 it, the template's usual generation prompt is assumed.
 
         Returns:
-            The parsed turn; on failure the raw text with `ill_formed=True`.
+            The parsed turn; on failure the raw text with `ill_formed=True`. The parse of
+            ids seen recently after the same prompt tail is remembered, and each caller gets
+            its own copy of the tool calls.
         """
         ids = list(completion_ids)
         if self._template is None:
             return ParsedResponse(content=self._plain_text(ids))
+        tail = tuple(prompt_ids[-_PREFIX_TOKENS:]) if prompt_ids is not None else None
+        key = (tuple(ids), tail)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._parse(ids, prompt_ids)
+            if not is_plain(found.tool_calls):
+                return found
+            self._memo.put(key, found)
+        return dataclasses.replace(found, tool_calls=copy_plain(found.tool_calls))
+
+    def statistics(self) -> MemoStatistics:
+        """How often parses were served from memory."""
+        return self._memo.statistics()
+
+    def _parse(self, ids: list[int], prompt_ids: Sequence[int] | None) -> ParsedResponse:
         tokenizer = self._tokenizer
         try:
             # Decoded here as `parse_response` would decode them, so it gets text to parse.

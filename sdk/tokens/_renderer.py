@@ -21,11 +21,13 @@ import anyio
 
 from .._exceptions import ConfigError
 from ._choice import TemplateChoice, TemplateMode, choose_template
+from ._memo import Memo, MemoStatistics, plain_key
 from ._parser import ParsedResponse, ResponseParser
 from ._probe import (
     Fallback,
     FallbackReason,
     TemplateProfile,
+    TransitionKind,
     classify,
     incremental_delta,
     is_multimodal,
@@ -33,7 +35,7 @@ from ._probe import (
 )
 from ._template import Template, tool_schemas
 
-__all__ = ["ChatRenderer", "Conversation", "PromptDelta"]
+__all__ = ["ChatRenderer", "Conversation", "PromptDelta", "RendererStatistics"]
 
 log = logging.getLogger("plies.tokens")
 
@@ -41,6 +43,8 @@ _FINISH_REASONS = ("stop", "length", "abort")
 _INLINE_OPENING_CHARS = 4096
 """Opening messages up to this many characters are rendered on the event loop once their key
 is probed (bench/rollout_bench.py: the render then costs less than a thread hand-off)."""
+DELTA_MEMO_SIZE = 4096
+"""Incremental steps a renderer remembers (`ChatRenderer.statistics`): a few MB at most."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,16 @@ class PromptDelta:
     ids: list[int]
     extends: bool
     fallback: Fallback | None = None
+
+
+@dataclass(frozen=True)
+class RendererStatistics:
+    """What a renderer's memos saved (`ChatRenderer.statistics`)."""
+
+    deltas: MemoStatistics
+    """Incremental steps: a hit skipped the template render and the tokenization."""
+    parses: MemoStatistics
+    """Parsed completions, over the renderer's parsers: a hit skipped decoding and parsing."""
 
 
 class ChatRenderer:
@@ -97,6 +111,7 @@ class ChatRenderer:
         self.template_kwargs = dict(template_kwargs or {})
         self._profiles: dict[str, TemplateProfile] = {}
         self._parsers: dict[str, ResponseParser] = {}
+        self._deltas: Memo[tuple[int, ...] | Fallback] = Memo(DELTA_MEMO_SIZE)
         self._lock = threading.Lock()
         self._text: str | None = None  # None: the tokenizer's own (named templates follow tools)
         self.choice: TemplateChoice = choose_template(
@@ -164,6 +179,44 @@ class ChatRenderer:
                 if found is None:
                     found = self._profiles[template.key] = probe(template)
         return found
+
+    def delta(
+        self,
+        template: Template,
+        profile: TemplateProfile,
+        assistant: dict[str, Any],
+        completion: list[int],
+        new_messages: list[dict[str, Any]],
+        kind: TransitionKind,
+    ) -> list[int] | Fallback:
+        """The incremental step (`incremental_delta`) for these inputs, remembered.
+
+        The step reads nothing else (the synthetic context belongs to the key), so equal inputs
+        give equal ids, and a group replaying one task, or a policy repeating a reply, renders
+        each transition once. Inputs that are not plain data are never remembered.
+        """
+        shape = plain_key((assistant, new_messages))
+        if shape is None:
+            return incremental_delta(template, profile, assistant, completion, new_messages, kind)
+        key = (template.key, kind, tuple(completion), shape)
+        found = self._deltas.get(key)
+        if found is None:
+            step = incremental_delta(template, profile, assistant, completion, new_messages, kind)
+            found = tuple(step) if isinstance(step, list) else step
+            self._deltas.put(key, found)
+        return list(found) if isinstance(found, tuple) else found
+
+    def statistics(self) -> RendererStatistics:
+        """How often incremental steps and parses were served from memory."""
+        parses = [p.statistics() for p in list(self._parsers.values())]
+        return RendererStatistics(
+            deltas=self._deltas.statistics(),
+            parses=MemoStatistics(
+                hits=sum(p.hits for p in parses),
+                misses=sum(p.misses for p in parses),
+                size=sum(p.size for p in parses),
+            ),
+        )
 
     def parser(self, tools: list[dict[str, Any]] | None) -> ResponseParser:
         """The response parser for these tools (cached).
@@ -455,7 +508,7 @@ class Conversation:
         if not verdict.exact:
             assert verdict.reason is not None
             return Fallback(self._turn, verdict.reason, verdict.detail)
-        delta = incremental_delta(
+        delta = self._renderer.delta(
             self._template,
             profile,
             self._assistant,
