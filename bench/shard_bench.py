@@ -1,6 +1,7 @@
 """Turns/s of rollout shards on Ray against one process, side by side, on the real path.
 
     python bench/shard_bench.py [--latency 0.1] [--concurrency 1024] [--shards 2] [--turns 8]
+        [--distinct]
 
 Needs the `plies[ray]` extra. Both rows run what `rollout_bench.py`'s "harness" path runs,
 imported from it: `ToolCallingHarness` + `ChatRenderer` on TRL's `qwen3_training` template +
@@ -57,8 +58,8 @@ from plies.runtime import EnvPool, GroupSpec, JsonlSink, ShardedDriver, ShardSet
 from plies.tokens import ChatRenderer
 
 
-async def make_env(goal: int) -> CounterEnv:
-    return CounterEnv(goal=goal)
+async def make_env(goal: int, distinct: bool) -> CounterEnv:
+    return CounterEnv(goal=goal, distinct=distinct)
 
 
 @asynccontextmanager
@@ -73,7 +74,7 @@ async def make_shard(options: dict[str, Any], limit: int, index: int) -> AsyncIt
         limits=EpisodeLimits(max_turns=setup.turns),
         system_prompt=SYSTEM,
     )
-    pool = EnvPool(partial(make_env, setup.turns), limit=limit)
+    pool = EnvPool(partial(make_env, setup.turns, setup.distinct), limit=limit)
     yield ShardSetup(harness.play, pools=[pool], policy=policy)
 
 
@@ -135,14 +136,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, help="seconds before the window")
     parser.add_argument("--window", type=float, default=6.0, help="seconds measured")
     parser.add_argument("--template", default="qwen3_training", help="a TRL template name")
+    parser.add_argument(
+        "--distinct", action="store_true", help="no observation ever repeats (rollout_bench)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="pairs of rows, alternating")
     args = parser.parse_args()
-    options = {k: getattr(args, k) for k in ("latency", "turns", "warmup", "window", "template")}
+    keys = ("latency", "turns", "warmup", "window", "template", "distinct")
+    options = {k: getattr(args, k) for k in keys}
     setup = rollout_bench.load_setup(args)
     c, ideal = args.concurrency, args.concurrency / args.latency
     print(
         f"harness path, scripted in-process policy (bench only): L = {args.latency * 1000:g} ms, "
-        f"{args.turns} turns/episode, C = {c}, ideal {ideal:.0f} turns/s; "
+        f"{args.turns} turns/episode{', distinct tool results' if args.distinct else ''}, "
+        f"C = {c}, ideal {ideal:.0f} turns/s; "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before",
         flush=True,
     )
