@@ -180,7 +180,7 @@ class ChatRenderer:
                     found = self._profiles[template.key] = probe(template)
         return found
 
-    def delta(
+    def _delta(
         self,
         template: Template,
         profile: TemplateProfile,
@@ -508,7 +508,7 @@ class Conversation:
         if not verdict.exact:
             assert verdict.reason is not None
             return Fallback(self._turn, verdict.reason, verdict.detail)
-        delta = self._renderer.delta(
+        delta = self._renderer._delta(
             self._template,
             profile,
             self._assistant,
