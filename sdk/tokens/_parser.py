@@ -27,8 +27,11 @@ log = logging.getLogger("plies.tokens")
 _PREFIX_TOKENS = 64
 """How many trailing prompt tokens the parser sees: enough for any generation prompt and prefill,
 and a bound that keeps parsing O(completion) however long the history is."""
-PARSE_MEMO_SIZE = 4096
+PARSE_MEMO_SIZE = 1024
 """Parsed completions a parser remembers (`ResponseParser.statistics`)."""
+PARSE_MEMO_IDS = 256
+"""Completions longer than this are parsed every time: long ones rarely repeat, and this
+bounds the memo's memory."""
 
 
 @dataclass(frozen=True)
@@ -164,12 +167,14 @@ class ResponseParser:
 
         Returns:
             The parsed turn; on failure the raw text with `ill_formed=True`. The parse of
-            ids seen recently after the same prompt tail is remembered, and each caller gets
+            short ids seen recently after the same prompt tail is remembered, and each caller gets
             its own copy of the tool calls.
         """
         ids = list(completion_ids)
         if self._template is None:
             return ParsedResponse(content=self._plain_text(ids))
+        if len(ids) > PARSE_MEMO_IDS:
+            return self._parse(ids, prompt_ids)
         tail = tuple(prompt_ids[-_PREFIX_TOKENS:]) if prompt_ids is not None else None
         key = (tuple(ids), tail)
         found = self._memo.get(key)

@@ -43,8 +43,12 @@ _FINISH_REASONS = ("stop", "length", "abort")
 _INLINE_OPENING_CHARS = 4096
 """Opening messages up to this many characters are rendered on the event loop once their key
 is probed (bench/rollout_bench.py: the render then costs less than a thread hand-off)."""
-DELTA_MEMO_SIZE = 4096
-"""Incremental steps a renderer remembers (`ChatRenderer.statistics`): a few MB at most."""
+DELTA_MEMO_SIZE = 1024
+"""Incremental steps a renderer remembers (`ChatRenderer.statistics`)."""
+DELTA_MEMO_KEY_CHARS = 2048
+"""Steps whose assistant turn and new messages take more characters than this are not
+remembered: long observations rarely repeat, and this bounds the memo's memory (tens of MB
+at worst, well under one MB for short tool rounds)."""
 
 
 @dataclass(frozen=True)
@@ -193,10 +197,10 @@ class ChatRenderer:
 
         The step reads nothing else (the synthetic context belongs to the key), so equal inputs
         give equal ids, and a group replaying one task, or a policy repeating a reply, renders
-        each transition once. Inputs that are not plain data are never remembered.
+        each transition once. Inputs that are not plain data, or long, are never remembered.
         """
         shape = plain_key((assistant, new_messages))
-        if shape is None:
+        if shape is None or len(shape) > DELTA_MEMO_KEY_CHARS:
             return incremental_delta(template, profile, assistant, completion, new_messages, kind)
         key = (template.key, kind, tuple(completion), shape)
         found = self._deltas.get(key)

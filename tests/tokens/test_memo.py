@@ -154,3 +154,31 @@ def test_a_remembered_parse_hands_each_caller_its_own_tool_calls(tok):
     assert second.tool_calls == message["tool_calls"]
     assert (parser.statistics().hits, parser.statistics().misses) == (1, 1)
     assert renderer.statistics().parses.hits == 1
+
+
+def test_long_inputs_are_never_remembered(tok):
+    """A long observation, or a long completion, is worked out every time: memory stays bounded."""
+    renderer = ChatRenderer(tok, template="model")
+    history = [SYSTEM, user("Weather in Paris?")]
+    message = assistant(calls=[call("get_weather", {"city": "Paris"})])
+    ids = _completion(tok, history, message, [WEATHER])
+    long_result = tool("get_weather", "cloudy " * 400)
+    for _ in range(2):
+        conv = renderer.start(history, tools=[WEATHER])
+        conv.render()
+        conv.add_completion(ids, "stop", message=message)
+        conv.add_messages([long_result])
+        conv.render()
+        assert conv.delta.extends and conv.delta.fallback is None
+    stats = renderer.statistics().deltas
+    assert (stats.hits, stats.misses, stats.size) == (0, 0, 0)
+
+    parser = renderer.parser(None)
+    text = tok.encode("word " * 300)
+    assert parser.parse(text) == parser.parse(text)
+    parses = parser.statistics()
+    assert (parses.hits, parses.misses, parses.size) == (0, 0, 0)
+    short = tok.encode("word " * 3)  # the same parser remembers a short one
+    assert parser.parse(short) == parser.parse(short)
+    parses = parser.statistics()
+    assert (parses.hits, parses.misses, parses.size) == (1, 1, 1)
