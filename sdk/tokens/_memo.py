@@ -7,8 +7,10 @@ many times, a policy converges on a few replies, an env has a few observations. 
 (jinja) and parsing were most of a turn's CPU (bench/rollout_bench.py), so the renderer and the
 parser remember recent results, keyed by exactly what the work reads.
 
-A key is built only from plain data (`plain_key`): values of the exact builtin types whose
-`repr` states them completely. Anything else is not memoized, never guessed at.
+`functools.lru_cache` does not fit: the work needs objects (a template, its probe profile)
+that are not part of the key and not hashable. A key is built only from plain data
+(`plain_key`): values of the exact builtin types whose `repr` states them completely.
+Anything else is not memoized, never guessed at.
 """
 
 from __future__ import annotations
