@@ -91,7 +91,9 @@ class ShardActor:
     """The actor: one `RolloutResources` + `RolloutDriver`, driven by the head's calls.
 
     Every method is async, so Ray runs them all on the actor's one event loop: `run` owns
-    the scope for the shard's whole life; the others admit, hand out and step it.
+    the scope for the shard's whole life; the others admit, hand out and step it. Ray does
+    not keep an async actor's calls in the order they were sent, so `step` is told how
+    many `admit` calls came before it and a drain waits for them.
     """
 
     def __init__(self, index: int, factory: ShardFactory, policy: PolicyRef, run_id: str):
@@ -108,6 +110,7 @@ class ShardActor:
         self._failed: BaseException | None = None
         self._event: anyio.Event | None = None
         self._reported: tuple[int, int] | None = None
+        self._admit_calls = 0
 
     def _changed(self) -> anyio.Event:
         if self._event is None:
@@ -170,6 +173,8 @@ class ShardActor:
         """Admit groups under the policy the head bound each to; return the ids refused."""
         driver = self._driver
         assert driver is not None
+        self._admit_calls += 1
+        self._wake()
         refused = []
         for spec, policy in items:
             if not driver.admitting:
@@ -185,8 +190,16 @@ class ShardActor:
             self._driver.set_policy(policy)
         self._policy = policy
 
-    async def step(self, step: int) -> None:
-        """Bring the shard to Ctrl-C step `step` (1 drain, 2 cancel, 3 abort)."""
+    async def step(self, step: int, after_admits: int = 0) -> None:
+        """Bring the shard to Ctrl-C step `step` (1 drain, 2 cancel, 3 abort).
+
+        A drain first waits for the `after_admits` admission calls the head sent before it,
+        since their groups were admitted before admission closed. Cancel and abort act now:
+        groups arriving after them are refused, and the head settles those as cancelled.
+        """
+        if step == 1:
+            while self._admit_calls < after_admits and not self._finished:
+                await self._changed().wait()
         self._step = max(self._step, step)
         self._apply_step()
 

@@ -110,6 +110,8 @@ class _Shard:
         self.outbox_event = anyio.Event()
         self.sent: deque[Any] = deque()
         """Admission calls handed to Ray whose replies (the ids refused) are not read yet."""
+        self.admit_calls = 0
+        """Admission calls handed to Ray so far; a drain is ordered after them."""
         self.held: dict[str, tuple[GroupSpec, PolicyRef]] = {}
         """Groups placed here and not back yet, by id."""
         self.counts = Counts(0, 0.0, 0, {}, 0, policy, ResourcesStatistics(0, 0, 0, 0, 0, ()))
@@ -137,6 +139,7 @@ class _Shard:
         if self.outbox and self.alive:
             items, self.outbox = self.outbox, []
             self.sent.append(self.actor.admit.remote(items))
+            self.admit_calls += 1
 
 
 def _import_ray() -> Any:
@@ -529,8 +532,9 @@ class ShardedDriver(DriverBase):
     def _escalate(self, step: int) -> None:
         """Bring every shard to Ctrl-C step `step` (1 drain, 2 cancel, 3 abort), once each.
 
-        Groups admitted but not yet sent to their shard are sent first; a shard that closed
-        before it got one (a race with its own step) refuses it, and it is settled here as
+        Groups admitted but not yet sent to their shard are sent first. Each shard drains only
+        after the admission calls sent before the drain; a cancel or abort acts at once, so a
+        shard may refuse groups that reach it later, and those are settled here as
         `cancelled`.
         """
         if self.state in (DriverState.UNOPENED, DriverState.CLOSED) or step <= self._step:
@@ -540,7 +544,7 @@ class ShardedDriver(DriverBase):
         for shard in self._shards:
             if shard.alive:
                 shard.send_outbox()
-                shard.actor.step.remote(step)
+                shard.actor.step.remote(step, shard.admit_calls)
             shard.outbox_event.set()  # an idle admit loop sees admission closed and ends
         self._handout.wake()
 
