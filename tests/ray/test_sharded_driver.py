@@ -34,6 +34,7 @@ from plies.runtime import (
     read_groups,
     read_report,
 )
+from plies.runtime._shard import ShardActor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -235,3 +236,39 @@ async def test_a_shard_that_cannot_start_fails_the_open(local_ray):
         async with driver:
             pass
     assert driver.state.value == "closed"
+
+
+async def test_a_drain_that_overtakes_an_admission_waits_for_it(policy_url):
+    """Ray may start an async actor's `step` before an `admit` sent earlier; the drain waits.
+
+    The actor's class runs here in-process (no Ray), with calls in the order Ray may run them.
+    """
+    actor = ShardActor(0, partial(make_shard, policy_url), V0, "order")
+    spec = GroupSpec("late", size=2, task=task(1), id="late")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(actor.run)
+        await actor.wait_ready()
+        tg.start_soon(actor.step, 1, 1)  # the drain, told of one admission sent before it
+        await anyio.sleep(0.2)  # it has run up to its wait
+        assert await actor.admit([(spec, V0)]) == []
+        groups, done = [], False
+        with anyio.fail_after(10):
+            while not done:
+                batch = await actor.pull(0.0, 0.25)
+                groups += [Group.model_validate_json(text) for text in batch.groups]
+                done = batch.done
+    assert [g.id for g in groups] == ["late"]
+    assert [t.status for t in groups[0].trajectories] == [Status.COMPLETED] * 2
+
+
+async def test_a_cancel_refuses_later_admissions(policy_url):
+    actor = ShardActor(0, partial(make_shard, policy_url), V0, "order")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(actor.run)
+        await actor.wait_ready()
+        await actor.step(2, 1)  # a cancel does not wait for the admission it was told of
+        late = GroupSpec("late", size=2, task=task(1), id="late")
+        assert await actor.admit([(late, V0)]) == ["late"]
+        with anyio.fail_after(10):
+            while not (await actor.pull(0.0, 0.25)).done:
+                pass
