@@ -151,9 +151,12 @@ async def blackjack_grpo(out: Path, budget: Budget, interrupts: Interrupts) -> N
             print(f"{label}: return {result.mean_return:+.3f} over {result.hands} held-out hands")
             return result.mean_return
 
-        # 1. Warm start: supervised steps teach the tool-call format, not a strategy.
+        # 1. Warm start: supervised steps teach the tool-call format (and, with
+        #    `thresholds` players, to read the total), not a strategy.
         base = PolicyRef.model_validate(server.ready["policy"])
-        data = await transcripts(renderer, tokenizer, budget.warm_hands, policy=base)
+        data = await transcripts(
+            renderer, tokenizer, budget.warm_hands, policy=base, players=budget.warm_players
+        )
         policy = await warm_start(trainer, data, budget, on_step=stop_if_interrupted)
         await publish(policy, [sampler])
         before = await evaluate(policy, "warm start")

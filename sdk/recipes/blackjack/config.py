@@ -23,6 +23,8 @@ ALWAYS_STAND_RETURN = -0.185
 OPTIMAL_RETURN = -0.047
 """Exact expected returns per hand under these rules (see docs/environments.md)."""
 
+WarmPlayers = Literal["random", "thresholds"]
+
 TRAIN_SEEDS = 0
 EVAL_SEEDS = 1_000_000_000
 WARM_SEEDS = 2_000_000_000
@@ -75,6 +77,9 @@ class Budget:
     eval_concurrency: int = 64
     max_turns: int = 10
     max_new_tokens: int = 32
+    warm_players: WarmPlayers = "random"
+    """Who plays the warm start's transcripts (`transcripts`): coin flips, or threshold
+    players whose labels depend on the total."""
     loss: LossName = "ppo"
     """GRPO's loss. `ppo` clips the ratio of the trainer's to the sampler's probability at
     1 +- 0.2, so a group sampled a version or two back cannot push a token that has already
@@ -90,6 +95,11 @@ class Budget:
                     )
             elif value < least:
                 raise ConfigError(f"budget field {name} is {value}: at least {least}")
+        if self.warm_players not in get_args(WarmPlayers):
+            raise ConfigError(
+                f"budget field warm_players is {self.warm_players!r}; "
+                f"known: {', '.join(get_args(WarmPlayers))}"
+            )
         if self.loss not in get_args(LossName):
             raise ConfigError(
                 f"budget field loss is {self.loss!r}; known: {', '.join(get_args(LossName))}"

@@ -336,9 +336,16 @@ async def _warm_start(run: RunState) -> dict[str, Any]:
         )
     else:
         run.console.print(
-            f"warm start: {budget.warm_steps} supervised steps on random-play transcripts"
+            f"warm start: {budget.warm_steps} supervised steps on transcripts of "
+            f"{budget.warm_players} players"
         )
-    data = await transcripts(run.renderer, run.tokenizer, budget.warm_hands, policy=run.base)
+    data = await transcripts(
+        run.renderer,
+        run.tokenizer,
+        budget.warm_hands,
+        policy=run.base,
+        players=budget.warm_players,
+    )
     with run.progress.phase("warm start", budget.warm_steps, completed=start) as phase:
 
         def on_step(step: int, metrics: dict[str, float]) -> None:

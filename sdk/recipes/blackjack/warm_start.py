@@ -20,7 +20,7 @@ from plies.training import (
     TrainingClient,
 )
 
-from .config import SYSTEM_PROMPT, WARM_SEEDS, Budget
+from .config import SYSTEM_PROMPT, WARM_SEEDS, Budget, WarmPlayers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -42,11 +42,16 @@ async def transcripts(
     hands: int,
     *,
     policy: PolicyRef,
+    players: WarmPlayers = "random",
     seed: int = 0,
 ) -> list[Trajectory]:
-    """Hands played with uniformly random hit/stand, rendered exactly as the harness would.
+    """Hands played by `players`, rendered exactly as the harness would.
 
-    The choices are random so that the warm start teaches the format, not a strategy.
+    `random`: every call is a coin flip, so the warm start teaches the format and no
+    strategy, and nothing in its labels depends on the cards. `thresholds`: each hand is
+    played by its own threshold player (hit while the total is below a threshold drawn
+    uniformly from 12 to 21), so the labels depend on the total but favour no threshold
+    and ignore the dealer's card (see docs/training.md for what each did).
     Completions are the canonical tool-call ids; logprobs are 0 (the loss ignores them).
     """
     rng = random.Random(seed)
@@ -59,11 +64,15 @@ async def transcripts(
             opening = [{"role": "system", "content": SYSTEM_PROMPT}, *obs.messages]
             conv = renderer.start(opening, tools=obs.tools)
             traj = Trajectory(task_id=task.id)
-            done = False
+            threshold = rng.randint(12, 21)
+            info, done = obs.info, False
             while not done:
                 conv.render()
                 delta = conv.delta
-                name = rng.choice(("hit", "stand"))
+                if players == "thresholds":
+                    name = "hit" if info["player_total"] < threshold else "stand"
+                else:
+                    name = rng.choice(("hit", "stand"))
                 completion = calls[name]
                 call = {"type": "function", "function": {"name": name, "arguments": {}}}
                 message = {"role": "assistant", "content": "", "tool_calls": [call]}
@@ -71,7 +80,7 @@ async def transcripts(
                 traj.turns.append(Turn.from_completion(delta, completion))
                 result = await env.call_tool(name, {})
                 conv.add_messages([{"role": "tool", "name": name, "content": result.content}])
-                done = result.done
+                info, done = result.info, result.done
             out.append(traj)
     return out
 
