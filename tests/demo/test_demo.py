@@ -21,10 +21,10 @@ from plies.testing import plies_command
 DEMO = plies_command("demo", "blackjack")
 
 
-def demo(out: Path) -> subprocess.Popen:
+def demo(out: Path, *args: str) -> subprocess.Popen:
     log = (out.parent / f"{out.name}.log").open("ab")
     return subprocess.Popen(
-        [*DEMO, "--out", str(out), "--budget", "smoke"],
+        [*DEMO, "--out", str(out), "--budget", "smoke", *args],
         stdout=log, stderr=subprocess.STDOUT, env=smoke_run.ENV,
     )  # fmt: skip
 
@@ -97,16 +97,28 @@ def test_short_demo_writes_metrics_summary_and_curve(demo_run):
 @pytest.mark.slow
 @pytest.mark.timeout(1300)  # the waits below bound it; the default 300 s cannot
 def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
+    """Ctrl-C lands in the learning curve's evaluation after step 2, with GRPO's groups in
+    flight: both drain, the run exits 130 with the resume hint, and the resumed run evaluates
+    that curve point before it trains on."""
     out = tmp_path / "run"
-    proc = demo(out)
+    longer_curve = ("--set", "curve_hands=200")  # the curve's evaluation takes a few seconds
+    proc = demo(out, *longer_curve)
     deadline = time.monotonic() + 900
-    while not records(out, "step") and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert proc.poll() is None, "the demo ended before its first GRPO step was published"
+
+    def curve_due() -> bool:  # the smoke budget evaluates the curve after every 2nd step
+        return len(records(out, "step")) >= 2
+
+    while not curve_due() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the demo ended before its second GRPO step was published"
     proc.send_signal(signal.SIGINT)
     assert wait(proc, out, 300) == 130
+    said = (tmp_path / "run.log").read_text(errors="replace")
+    assert "interrupted: run the same command again to resume" in said
+    assert "ExceptionGroup" not in said and "Traceback" not in said, said[-3000:]
+    assert not [r for r in records(out, "eval") if r["label"] == "curve"], "after the curve"
     before = records(out, "step")
-    assert before, "a step was published before the interrupt"
+    assert len(before) == 2, "the interrupt came during the curve's evaluation"
     last = before[-1]["policy"]
     batches_before = _batches(out)  # steps, and batches that trained nothing (`skipped`)
     # Groups set aside as they arrived (tied, or refused) are used up too.
@@ -114,8 +126,10 @@ def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
     completed = [g.id for g in read_groups(out / "groups.jsonl").records]
     untrained = [g for g in completed if g not in used]
 
-    rc = wait(demo(out), out, 900)
+    rc = wait(demo(out, *longer_curve), out, 900)
     assert rc == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
+    curve = [(r["step"], r["policy"]) for r in records(out, "eval") if r["label"] == "curve"]
+    assert curve == [(2, last["version"])]
     after = records(out, "step")
     assert [s["step"] for s in after] == list(range(len(after)))  # none repeated, none skipped
     resumed = after[len(before)]

@@ -26,7 +26,7 @@ from plies.wire import served_name
 from .config import MAX_IDLE_BATCHES, MAX_STALENESS, TRAIN_SEEDS, Budget
 from .evaluation import evaluate
 from .report import idle_streak, set_aside_counts, step_line, stopped_line
-from .state import RunState
+from .state import Interrupted, RunState
 from .warm_start import train_step
 
 __all__ = ["grpo", "retrain", "train_on"]
@@ -158,6 +158,8 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
     step = len(run.log.all("step"))
     if step >= budget.grpo_steps or idle_streak(run.log) >= MAX_IDLE_BATCHES:
         return
+    if _curve_due(budget, step):  # cut off by Ctrl-C after its step was logged
+        await evaluate(run, policy, budget.curve_hands, "curve", step)
     waiting, next_index = _untrained(run, step)
     if waiting:
         run.console.print(f"resuming at step {step} with {len(waiting)} completed untrained groups")
@@ -230,12 +232,11 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                     step += 1
                     phase.advance()
                     await _unload_unused(run.client, served, policy)
-                    if (
-                        budget.curve_every
-                        and step % budget.curve_every == 0
-                        and (step < budget.grpo_steps)
-                    ):
-                        await evaluate(run, policy, budget.curve_hands, "curve", step)
+                    if _curve_due(budget, step):
+                        try:
+                            await evaluate(run, policy, budget.curve_hands, "curve", step)
+                        except Interrupted:
+                            continue  # drain to disk; raised below, outside the task group
                     if step >= budget.grpo_steps:
                         driver.cancel()  # groups still sampling are not needed
 
@@ -243,6 +244,12 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                 tg.start_soon(admit)
                 await consume()
     run.stop_if_interrupted()
+
+
+def _curve_due(budget: Budget, step: int) -> bool:
+    """A learning-curve point is evaluated after every `curve_every`-th step but the last."""
+    every = budget.curve_every
+    return bool(every) and 0 < step < budget.grpo_steps and step % every == 0
 
 
 async def _unload_unused(
