@@ -64,12 +64,12 @@ async def transcripts(
             opening = [{"role": "system", "content": SYSTEM_PROMPT}, *obs.messages]
             conv = renderer.start(opening, tools=obs.tools)
             traj = Trajectory(task_id=task.id)
-            threshold = rng.randint(12, 21)
+            threshold = rng.randint(12, 21) if players == "thresholds" else None
             info, done = obs.info, False
             while not done:
                 conv.render()
                 delta = conv.delta
-                if players == "thresholds":
+                if threshold is not None:
                     name = "hit" if info["player_total"] < threshold else "stand"
                 else:
                     name = rng.choice(("hit", "stand"))
