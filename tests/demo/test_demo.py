@@ -251,6 +251,7 @@ def test_a_budget_whose_numbers_changed_is_refused_in_one_line(tmp_path):
         ("group_size=1", "budget field group_size is 1: at least 2"),
         ("loss=adam", "budget field loss is 'adam'; known: importance_sampling, ppo"),
         ("warm_players=dealer", "budget field warm_players is 'dealer'; known: random, thr"),
+        ("advantages=batch", "budget field advantages is 'batch'; known: group, state_con"),
     ],
 )
 def test_set_names_what_is_wrong_in_one_line_before_any_work(tmp_path, setting, said):

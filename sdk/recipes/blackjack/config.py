@@ -24,6 +24,7 @@ OPTIMAL_RETURN = -0.047
 """Exact expected returns per hand under these rules (see docs/environments.md)."""
 
 WarmPlayers = Literal["random", "thresholds"]
+Advantages = Literal["group", "state_contrast"]
 
 TRAIN_SEEDS = 0
 EVAL_SEEDS = 1_000_000_000
@@ -80,6 +81,10 @@ class Budget:
     warm_players: WarmPlayers = "random"
     """Who plays the warm start's transcripts (`transcripts`): coin flips, or threshold
     players whose labels depend on the total."""
+    advantages: Advantages = "group"
+    """`group`: each member's reward minus its group's mean, on every sampled token.
+    `state_contrast`: the same, less the share that moves every state's hit rate alike
+    (`contrast.state_contrast`), a research setting (see docs/training.md)."""
     loss: LossName = "ppo"
     """GRPO's loss. `ppo` clips the ratio of the trainer's to the sampler's probability at
     1 +- 0.2, so a group sampled a version or two back cannot push a token that has already
@@ -95,15 +100,10 @@ class Budget:
                     )
             elif value < least:
                 raise ConfigError(f"budget field {name} is {value}: at least {least}")
-        if self.warm_players not in get_args(WarmPlayers):
-            raise ConfigError(
-                f"budget field warm_players is {self.warm_players!r}; "
-                f"known: {', '.join(get_args(WarmPlayers))}"
-            )
-        if self.loss not in get_args(LossName):
-            raise ConfigError(
-                f"budget field loss is {self.loss!r}; known: {', '.join(get_args(LossName))}"
-            )
+        for name, kind in _CHOICES.items():
+            value, known = getattr(self, name), get_args(kind)
+            if value not in known:
+                raise ConfigError(f"budget field {name} is {value!r}; known: {', '.join(known)}")
 
     @property
     def groups_in_flight(self) -> int:
@@ -119,6 +119,14 @@ _LEAST: dict[str, float] = {
 }  # fmt: skip
 """The least value of each numeric field (a learning rate: above it). A group needs two
 members for a group baseline to say anything; `curve_every` 0 draws no curve."""
+
+
+_CHOICES: dict[str, Any] = {
+    "warm_players": WarmPlayers,
+    "advantages": Advantages,
+    "loss": LossName,
+}
+"""The fields that name one of a few choices, and the `Literal` that lists them."""
 
 
 def budget_with(name: str, settings: Sequence[str]) -> Budget:

@@ -24,6 +24,7 @@ from plies.training import Trainer, grpo_advantages, training_batch, training_gr
 from plies.wire import served_name
 
 from .config import MAX_IDLE_BATCHES, MAX_STALENESS, TRAIN_SEEDS, Budget
+from .contrast import DecisionTokens, decision_tokens, state_contrast
 from .evaluation import evaluate
 from .report import idle_streak, set_aside_counts, step_line, stopped_line
 from .state import Interrupted, RunState
@@ -33,9 +34,18 @@ __all__ = ["grpo", "retrain", "train_on"]
 
 
 async def train_on(
-    trainer: Trainer, step: int, groups: list[Group], policy: PolicyRef, budget: Budget
+    trainer: Trainer,
+    step: int,
+    groups: list[Group],
+    policy: PolicyRef,
+    budget: Budget,
+    *,
+    decisions: DecisionTokens | None = None,
 ) -> tuple[PolicyRef | None, dict[str, Any]]:
     """One GRPO step on `groups`: check, advantages, importance sampling, save.
+
+    `decisions` locates the hit/stand token, which `budget.advantages == "state_contrast"`
+    needs.
 
     Returns:
         The new policy (None when every group tied: nothing to learn, nothing published) and
@@ -55,6 +65,10 @@ async def train_on(
     if not any(a for adv in advantages for a in adv):
         return None, info
     batch = training_batch(selection.trainable, advantages, temperature=1.0, skip_zero=True)
+    if budget.advantages == "state_contrast":
+        if decisions is None:
+            raise ConfigError("state_contrast advantages need the decision tokens")
+        batch = state_contrast(batch, decisions)
     fb, opt = await train_step(trainer, f"grpo-{step}", batch, loss=budget.loss, lr=budget.lr)
     # Every metric the trainer reported (loss, tokens, ratios, KL...): `plies replay
     # --train-only` re-feeds this batch and compares them all.
@@ -86,7 +100,13 @@ async def retrain(
             f"run.json records no Blackjack budget ({exc!r}); --train-only re-feeds steps of "
             "plies demo blackjack"
         ) from None
-    _, info = await train_on(trainer, step, groups, policy, budget)
+    decisions = None
+    if budget.advantages == "state_contrast":  # the policy directory carries its tokenizer
+        from transformers import AutoTokenizer
+
+        folder = policy.uri.removeprefix("file://")
+        decisions = decision_tokens(AutoTokenizer.from_pretrained(folder))
+    _, info = await train_on(trainer, step, groups, policy, budget, decisions=decisions)
     return info
 
 
@@ -164,6 +184,7 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
     if waiting:
         run.console.print(f"resuming at step {step} with {len(waiting)} completed untrained groups")
     served = {policy.version}
+    decisions = decision_tokens(run.tokenizer)
 
     with (
         JsonlSink(run.out / "groups.jsonl") as sink,
@@ -213,7 +234,9 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                     )
                     run.log.write("step_begin", step=step, groups=[g.id for g in batch])
                     t0 = time.monotonic()
-                    new, info = await train_on(run.trainer, step, batch, policy, budget)
+                    new, info = await train_on(
+                        run.trainer, step, batch, policy, budget, decisions=decisions
+                    )
                     aside = set_aside_counts(run.log)  # in the log already, one per group
                     if new is None:  # nothing to learn: not a step, sample another batch
                         run.log.write("skipped", step=step, seconds=time.monotonic() - t0, **info)
