@@ -3,8 +3,10 @@
 The tests that only read a finished run (the short demo's checks in tests/demo/test_demo.py,
 `plies view` and `plies replay` in tests/view) read this one rather than each making its own:
 a smoke run is a few minutes of the suite. Its options make every check there bite: two GRPO
-policies kept of three published (so retention removed one), and one number changed by `--set`
-(which run.json must record).
+policies kept of three published (so retention removed one), one number changed by `--set`
+(which run.json must record), and `state_contrast` advantages, so that `plies replay
+--train-only` re-feeds a step that needs the decision tokens (the default advantages run in
+the Ctrl-C tests and the Tinker demo's).
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import os
 
 import pytest
 
-ARGS = ("--budget", "smoke", "--keep-policies", "2", "--set", "curve_hands=8")
+ARGS = (
+    "--budget", "smoke", "--keep-policies", "2",
+    "--set", "curve_hands=8", "--set", "advantages=state_contrast",
+)  # fmt: skip
 """`plies demo blackjack` options of the shared run (its `--out` aside)."""
 TIMEOUT = 1200
 """Seconds the smoke demo may take on a loaded 2-core machine (a few minutes when idle)."""

@@ -32,12 +32,13 @@ def demo(out: Path, *args: str) -> subprocess.Popen:
 @pytest.mark.slow
 @smoke_run.demo_test
 def test_short_demo_writes_metrics_summary_and_curve(demo_run):
-    """The session's smoke run (`smoke_run.ARGS`): one number changed by `--set` (the run
-    does, and records, that), two GRPO policies kept."""
+    """The session's smoke run (`smoke_run.ARGS`): one number and the advantages changed by
+    `--set` (the run does, and records, that), two GRPO policies kept."""
     out = demo_run
     log = (out.parent / smoke_run.LOG).read_text(errors="replace")
     recorded = json.loads((out / "run.json").read_text())["budget"]
-    assert recorded == {**dataclasses.asdict(BUDGETS["smoke"]), "curve_hands": 8}
+    smoke = dataclasses.asdict(BUDGETS["smoke"])
+    assert recorded == {**smoke, "curve_hands": 8, "advantages": "state_contrast"}
     summary = json.loads((out / "summary.json").read_text())
     for key in ("warm_start_return", "final_return", "eval_hands", "minutes", "policies"):
         assert summary[key] is not None, key
