@@ -6,8 +6,9 @@
 2. the reference server (`plies serve`) on 127.0.0.1, in its own session so that Ctrl-C
    reaches only this process, which decides what to stop;
 3. a supervised warm start (`warm_start`: `cross_entropy` through the `TrainingClient`) on
-   `transcripts` whose hit/stand choices are uniformly random: the model learns to emit
-   well-formed tool calls and nothing about strategy, which is left to RL;
+   `transcripts` whose hit/stand choices are uniformly random by default: the model learns
+   to emit well-formed tool calls and nothing about strategy, which is left to RL
+   (`warm_players="thresholds"`, a research setting, makes the labels depend on the total);
 4. GRPO (`grpo`): each group is G episodes of one seeded deal, advantages are each reward
    minus the group mean, `training_groups` checks every group, then `forward_backward`
    (importance sampling) + `optim_step` + `save_policy` + publish; new groups are admitted
@@ -19,7 +20,8 @@
    `DIR/strategy.png` (`write_summary`).
 
 Modules: `config` (budgets, seeds, prompt, reference returns), `runlog`, `warm_start`,
-`rewards`, `state` (the `RunState` every phase receives), `evaluation`, `grpo`, `report`,
+`rewards`, `state` (the `RunState` every phase receives), `evaluation`, `grpo`, `contrast`
+(the `state_contrast` advantages, a research setting), `report`,
 `strategy` (the hit/stand grid per total and up card, and the exact optimum),
 `run` (servers, clients, pools, and the phases in order), `trainers` (`--trainer native` or
 `tinker`: plies' own wire, or the Tinker API's training and sampling clients), `progress`
