@@ -18,7 +18,7 @@ import anyio
 
 from plies import AdmissionClosed, ConfigError, Group, PolicyRef
 from plies.environments import Task
-from plies.policy import TinkerPolicyClient, VLLMClient, unload_lora_adapter
+from plies.policy import TinkerPolicyClient, VLLMClient, policy_path, unload_lora_adapter
 from plies.runtime import GroupSpec, JsonlSink, RolloutDriver, read_groups
 from plies.training import Trainer, grpo_advantages, training_batch, training_groups
 from plies.wire import served_name
@@ -104,8 +104,7 @@ async def retrain(
     if budget.advantages == "state_contrast":  # the policy directory carries its tokenizer
         from transformers import AutoTokenizer
 
-        folder = policy.uri.removeprefix("file://")
-        decisions = decision_tokens(AutoTokenizer.from_pretrained(folder))
+        decisions = decision_tokens(AutoTokenizer.from_pretrained(policy_path(policy)))
     _, info = await train_on(trainer, step, groups, policy, budget, decisions=decisions)
     return info
 
