@@ -71,3 +71,18 @@ def test_a_batch_without_decisions_is_unchanged(qwen3_tokenizer):
     )  # fmt: skip  a hit token not after the name's quote
     batch = TrainingBatch(data=[datum])
     assert state_contrast(batch, tokens) is batch
+
+
+def test_a_share_removes_that_part_of_the_shared_share(qwen3_tokenizer):
+    tokens = decision_tokens(qwen3_tokenizer)
+    batch = TrainingBatch(
+        data=[
+            call(qwen3_tokenizer, "hit", 0.3, 1.0),
+            call(qwen3_tokenizer, "stand", 0.6, -0.5),
+            call(qwen3_tokenizer, "hit", 0.5, 0.2),
+        ]
+    )
+    before = shared_share(batch, tokens)
+    half = state_contrast(batch, tokens, share=0.5)
+    assert shared_share(half, tokens) == pytest.approx(before / 2, rel=1e-9)
+    assert state_contrast(batch, tokens, share=0.0).data == batch.data

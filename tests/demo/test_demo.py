@@ -32,13 +32,23 @@ def demo(out: Path, *args: str) -> subprocess.Popen:
 @pytest.mark.slow
 @smoke_run.demo_test
 def test_short_demo_writes_metrics_summary_and_curve(demo_run):
-    """The session's smoke run (`smoke_run.ARGS`): one number and the advantages changed by
+    """The session's smoke run (`smoke_run.ARGS`): numbers and the advantages changed by
     `--set` (the run does, and records, that), two GRPO policies kept."""
     out = demo_run
     log = (out.parent / smoke_run.LOG).read_text(errors="replace")
     recorded = json.loads((out / "run.json").read_text())["budget"]
     smoke = dataclasses.asdict(BUDGETS["smoke"])
-    assert recorded == {**smoke, "curve_hands": 8, "advantages": "state_contrast"}
+    assert recorded == {
+        **smoke, "curve_hands": 8, "advantages": "state_contrast", "contrast_share": 0.5,
+        "warm_tail_steps": 2, "warm_tail_lr": 1e-2,
+    }  # fmt: skip
+    # The warm start's two stages: its steps at warm_lr, then the tail's at warm_tail_lr.
+    warm_lrs = [
+        line["result"]["metrics"]["lr"]
+        for line in map(json.loads, (out / "server/trainer/journal.jsonl").open())
+        if line["kind"] == "optim_step" and line["op_id"].startswith("warm-")
+    ]
+    assert warm_lrs == [smoke["warm_lr"]] * smoke["warm_steps"] + [1e-2] * 2
     summary = json.loads((out / "summary.json").read_text())
     for key in ("warm_start_return", "final_return", "eval_hands", "minutes", "policies"):
         assert summary[key] is not None, key
@@ -253,6 +263,8 @@ def test_a_budget_whose_numbers_changed_is_refused_in_one_line(tmp_path):
         ("loss=adam", "budget field loss is 'adam'; known: importance_sampling, ppo"),
         ("warm_players=dealer", "budget field warm_players is 'dealer'; known: random, thr"),
         ("advantages=batch", "budget field advantages is 'batch'; known: group, state_con"),
+        ("contrast_share=1.5", "budget field contrast_share is 1.5: a share from 0 to 1"),
+        ("warm_tail_steps=-1", "budget field warm_tail_steps is -1: at least 0"),
     ],
 )
 def test_set_names_what_is_wrong_in_one_line_before_any_work(tmp_path, setting, said):

@@ -1,7 +1,7 @@
 """Blackjack rules: exact agreement with gymnasium's Blackjack-v1, and the known expected returns.
 
 Expected return per hand under gymnasium's `Blackjack-v1` rules (natural=False, sab=False):
-always stand -0.185, hit below 17 -0.080, uniformly random hit/stand -0.396.
+always stand -0.186, hit below 17 -0.079, uniformly random hit/stand -0.396.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ Policy = Callable[[int, bool, random.Random], bool]
 """(player total, usable ace, policy rng) -> hit?"""
 
 POLICIES: dict[str, tuple[Policy, float]] = {
-    "always_stand": (lambda t, a, r: False, -0.185),
-    "hit_below_17": (lambda t, a, r: t < 17, -0.080),
+    "always_stand": (lambda t, a, r: False, -0.186),
+    "hit_below_17": (lambda t, a, r: t < 17, -0.079),
     "uniform_random": (lambda t, a, r: r.random() < 0.5, -0.396),
 }
 

@@ -19,7 +19,7 @@ TEMPLATE_KWARGS = MappingProxyType({"enable_thinking": False})
 """Qwen3 without thinking: a completion is just `<tool_call>...</tool_call><|im_end|>`."""
 
 RANDOM_RETURN = -0.396
-ALWAYS_STAND_RETURN = -0.185
+ALWAYS_STAND_RETURN = -0.186
 OPTIMAL_RETURN = -0.047
 """Exact expected returns per hand under these rules (see docs/environments.md)."""
 
@@ -78,6 +78,11 @@ class Budget:
     eval_concurrency: int = 64
     max_turns: int = 10
     max_new_tokens: int = 32
+    warm_tail_steps: int = 0
+    """Warm-start steps taken after `warm_steps`, at `warm_tail_lr`: a second stage, for a
+    start that wants two rates (a fast one fixes the tool call's format, a slow one lets
+    the decision learn to read the cards; docs/training.md measures both orders)."""
+    warm_tail_lr: float = 3e-2
     warm_players: WarmPlayers = "random"
     """Who plays the warm start's transcripts (`transcripts`): coin flips, or threshold
     players whose labels depend on the total."""
@@ -85,6 +90,8 @@ class Budget:
     """`group`: each member's reward minus its group's mean, on every sampled token.
     `state_contrast`: the same, less the share that moves every state's hit rate alike
     (`contrast.state_contrast`), a research setting (see docs/training.md)."""
+    contrast_share: float = 1.0
+    """How much of the shared share `state_contrast` removes, from 0 (none) to 1 (all)."""
     loss: LossName = "ppo"
     """GRPO's loss. `ppo` clips the ratio of the trainer's to the sampler's probability at
     1 +- 0.2, so a group sampled a version or two back cannot push a token that has already
@@ -100,10 +107,23 @@ class Budget:
                     )
             elif value < least:
                 raise ConfigError(f"budget field {name} is {value}: at least {least}")
+        if not 0.0 <= self.contrast_share <= 1.0:
+            raise ConfigError(
+                f"budget field contrast_share is {self.contrast_share}: a share from 0 to 1"
+            )
         for name, kind in _CHOICES.items():
             value, known = getattr(self, name), get_args(kind)
             if value not in known:
                 raise ConfigError(f"budget field {name} is {value!r}; known: {', '.join(known)}")
+
+    @property
+    def warm_total(self) -> int:
+        """All the warm start's steps, both stages."""
+        return self.warm_steps + self.warm_tail_steps
+
+    def warm_lr_at(self, step: int) -> float:
+        """The learning rate of warm-start step `step` (0-based): the stage it falls in."""
+        return self.warm_lr if step < self.warm_steps else self.warm_tail_lr
 
     @property
     def groups_in_flight(self) -> int:
@@ -113,6 +133,7 @@ class Budget:
 
 _LEAST: dict[str, float] = {
     "warm_hands": 1, "warm_steps": 1, "warm_batch": 1, "warm_lr": 0.0,
+    "warm_tail_steps": 0, "warm_tail_lr": 0.0,
     "grpo_steps": 1, "groups_per_step": 1, "group_size": 2, "lr": 0.0,
     "eval_hands": 1, "curve_every": 0, "curve_hands": 1, "eval_concurrency": 1,
     "max_turns": 1, "max_new_tokens": 1,

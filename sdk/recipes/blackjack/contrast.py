@@ -37,8 +37,13 @@ def decision_tokens(tokenizer: PreTrainedTokenizerBase) -> DecisionTokens:
     return hit[k - 1], hit[k], stand[k]
 
 
-def state_contrast(batch: TrainingBatch, tokens: DecisionTokens) -> TrainingBatch:
-    """`batch` with the decision tokens' shared share of the update removed (see above).
+def state_contrast(
+    batch: TrainingBatch, tokens: DecisionTokens, *, share: float = 1.0
+) -> TrainingBatch:
+    """`batch` with `share` of the decision tokens' shared share of the update removed.
+
+    `share` 1 removes all of it, so the hit rate cannot move everywhere at once; a part
+    leaves the policy free to also sharpen everywhere once the states are told apart.
 
     A decision token is a sampled hit or stand token right after the token that precedes
     the tool's name. Its `1[hit] - p_hit` is taken from the sampler's logprob of the token,
@@ -56,7 +61,7 @@ def state_contrast(batch: TrainingBatch, tokens: DecisionTokens) -> TrainingBatc
     norm = sum(x * x for _, _, x in spots)
     if norm == 0.0:
         return batch
-    shared = sum(batch.data[i].advantages[pos] * x for i, pos, x in spots) / norm
+    shared = share * sum(batch.data[i].advantages[pos] * x for i, pos, x in spots) / norm
     advantages = [list(d.advantages) for d in batch.data]
     for i, pos, x in spots:
         advantages[i][pos] -= shared * x

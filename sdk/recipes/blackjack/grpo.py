@@ -68,7 +68,7 @@ async def train_on(
     if budget.advantages == "state_contrast":
         if decisions is None:
             raise ConfigError("state_contrast advantages need the decision tokens")
-        batch = state_contrast(batch, decisions)
+        batch = state_contrast(batch, decisions, share=budget.contrast_share)
     fb, opt = await train_step(trainer, f"grpo-{step}", batch, loss=budget.loss, lr=budget.lr)
     # Every metric the trainer reported (loss, tokens, ratios, KL...): `plies replay
     # --train-only` re-feeds this batch and compares them all.

@@ -331,12 +331,12 @@ async def _warm_start(run: RunState) -> dict[str, Any]:
     if start:
         run.log.write("warm_resume", step=start)
         run.console.print(
-            f"warm start: resuming at step {start} of {budget.warm_steps} "
+            f"warm start: resuming at step {start} of {budget.warm_total} "
             "(the trainer's last checkpoint)"
         )
     else:
         run.console.print(
-            f"warm start: {budget.warm_steps} supervised steps on transcripts of "
+            f"warm start: {budget.warm_total} supervised steps on transcripts of "
             f"{budget.warm_players} players"
         )
     data = await transcripts(
@@ -346,7 +346,7 @@ async def _warm_start(run: RunState) -> dict[str, Any]:
         policy=run.base,
         players=budget.warm_players,
     )
-    with run.progress.phase("warm start", budget.warm_steps, completed=start) as phase:
+    with run.progress.phase("warm start", budget.warm_total, completed=start) as phase:
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             phase.advance(status=f"loss {metrics.get('loss', 0):.3f}")
