@@ -9,6 +9,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from plies.recipes.blackjack import BUDGETS, DemoConfig
+from plies.recipes.blackjack.config import recorded_budget
 from plies.testing import plies_command
 
 
@@ -46,3 +47,27 @@ def test_a_budget_of_the_same_name_with_other_values_is_refused(tmp_path):
         f"(warm_steps differ: warm_steps={steps + 1} then, {steps} now)",
     )
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_run_recorded_before_a_field_existed_reads_it_at_its_default():
+    """A field added since (a second warm-start stage, the contrast's share) was not there
+    when an older run.json was written: that run ran with the default, so it matches."""
+    smoke = asdict(BUDGETS["smoke"])
+    older = {k: v for k, v in smoke.items() if k not in ("warm_tail_steps", "contrast_share")}
+    assert recorded_budget(older) == smoke
+    # A field without a default stays missing, so a damaged record still differs.
+    assert "lr" not in recorded_budget({k: v for k, v in smoke.items() if k != "lr"})
+    # What the run did record wins over a default.
+    assert recorded_budget({**smoke, "warm_tail_steps": 9})["warm_tail_steps"] == 9
+
+
+def test_a_refusal_names_only_what_differs_not_what_an_older_record_predates(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    changed = asdict(replace(BUDGETS["smoke"], warm_steps=BUDGETS["smoke"].warm_steps + 1))
+    for newer in ("warm_tail_steps", "warm_tail_lr", "contrast_share"):
+        del changed[newer]
+    key = DemoConfig(out=out, budget="smoke").key()
+    (out / "run.json").write_text(json.dumps({"config": key, "budget": changed}))
+    steps = BUDGETS["smoke"].warm_steps
+    refused(demo(out), f"(warm_steps differ: warm_steps={steps + 1} then, {steps} now)")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, get_args
@@ -148,6 +148,17 @@ _CHOICES: dict[str, Any] = {
     "loss": LossName,
 }
 """The fields that name one of a few choices, and the `Literal` that lists them."""
+
+
+def recorded_budget(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A `run.json`'s budget with every field it predates at its default.
+
+    A run recorded before a field existed ran with that field's default behaviour (a new
+    field's default is always the old behaviour), so resuming it must not be refused over
+    the field's absence. A field without a default stays missing, and so differs.
+    """
+    defaults = {f.name: f.default for f in fields(Budget) if f.default is not MISSING}
+    return {**defaults, **saved}
 
 
 def budget_with(name: str, settings: Sequence[str]) -> Budget:

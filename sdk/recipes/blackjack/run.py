@@ -45,6 +45,7 @@ from .config import (
     EnvName,
     SandboxName,
     TrainerName,
+    recorded_budget,
 )
 from .evaluation import evaluate
 from .grpo import grpo
@@ -168,7 +169,7 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
         return
     try:
         saved = json.loads(run_file.read_text())
-        saved_config, saved_budget = saved["config"], dict(saved["budget"])
+        saved_config, saved_budget = saved["config"], recorded_budget(saved["budget"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(
             f"{run_file} is not a run record ({type(err).__name__}: {err}); "
