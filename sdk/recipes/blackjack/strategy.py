@@ -98,12 +98,7 @@ def optimal_hits(player: int, up: int, soft: bool) -> bool:
 
 def optimal_return() -> float:
     """The optimal policy's expected return per hand, over all deals."""
-    out = 0.0
-    for up, pu in _P.items():
-        for a, pa in _P.items():
-            for b, pb in _P.items():
-                out += pu * pa * pb * max(_values(_add(_add((0, False), a), b), up))
-    return out
+    return expected_return(lambda player, up, soft: float(optimal_hits(player, up, soft)))
 
 
 def expected_return(hit_share: Callable[[int, int, bool], float]) -> float:
