@@ -35,6 +35,18 @@ def shared_share(batch: TrainingBatch, tokens) -> float:
     return total
 
 
+def hit_more(tokenizer) -> TrainingBatch:
+    """Three decisions that all say "hit more": a low total's hit paid, a high total's stand
+    lost, a middling hit paid a little."""
+    return TrainingBatch(
+        data=[
+            call(tokenizer, "hit", 0.3, 1.0),
+            call(tokenizer, "stand", 0.6, -0.5),
+            call(tokenizer, "hit", 0.5, 0.2),
+        ]
+    )
+
+
 def test_the_decision_tokens_are_where_hit_and_stand_calls_differ(qwen3_tokenizer):
     before, hit, stand = decision_tokens(qwen3_tokenizer)
     assert qwen3_tokenizer.decode([hit]) == "hit" and qwen3_tokenizer.decode([stand]) == "stand"
@@ -43,14 +55,7 @@ def test_the_decision_tokens_are_where_hit_and_stand_calls_differ(qwen3_tokenize
 
 def test_only_the_shared_share_goes(qwen3_tokenizer):
     tokens = decision_tokens(qwen3_tokenizer)
-    # Every decision says "hit more": a low total's hit paid, a high total's stand lost.
-    batch = TrainingBatch(
-        data=[
-            call(qwen3_tokenizer, "hit", 0.3, 1.0),
-            call(qwen3_tokenizer, "stand", 0.6, -0.5),
-            call(qwen3_tokenizer, "hit", 0.5, 0.2),
-        ]
-    )
+    batch = hit_more(qwen3_tokenizer)
     assert shared_share(batch, tokens) > 0.5
     out = state_contrast(batch, tokens)
     assert shared_share(out, tokens) == pytest.approx(0.0, abs=1e-12)
@@ -75,13 +80,7 @@ def test_a_batch_without_decisions_is_unchanged(qwen3_tokenizer):
 
 def test_a_share_removes_that_part_of_the_shared_share(qwen3_tokenizer):
     tokens = decision_tokens(qwen3_tokenizer)
-    batch = TrainingBatch(
-        data=[
-            call(qwen3_tokenizer, "hit", 0.3, 1.0),
-            call(qwen3_tokenizer, "stand", 0.6, -0.5),
-            call(qwen3_tokenizer, "hit", 0.5, 0.2),
-        ]
-    )
+    batch = hit_more(qwen3_tokenizer)
     before = shared_share(batch, tokens)
     half = state_contrast(batch, tokens, share=0.5)
     assert shared_share(half, tokens) == pytest.approx(before / 2, rel=1e-9)

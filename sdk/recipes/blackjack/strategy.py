@@ -103,8 +103,8 @@ def optimal_return() -> float:
 
 def expected_return(hit_share: Callable[[int, int, bool], float]) -> float:
     """The exact expected return per hand of a policy that hits with probability
-    `hit_share(total, up, soft)`: the same programme as the optimum's, with the policy's mix
-    of hitting and standing in place of the best of the two.
+    `hit_share(total, up, soft)`: a dynamic programme over (total, soft) against the
+    dealer's final-total distribution, `optimal_return` being the optimal chart's case.
 
     It prices what sampling costs: a policy that plays the optimal call 95% of the time
     loses about as much to its 5% as separates "hit below 17" from the optimum
