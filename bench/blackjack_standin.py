@@ -10,8 +10,10 @@ are taken as written). A step costs well under a second.
     python bench/blackjack_standin.py --players thresholds --warm-lr 3e-3 --warm-steps 600 \
         --steps 60 --lr 1e-3
 
-Prints the held-out return (temperature 1) and the hit share at hard totals <= 11 / 12-16 /
->= 17 after the warm start, every `--eval-every` GRPO steps, and greedily at the end.
+Prints the held-out return (temperature 1), the policy's value (the exact expected return of
+its mean hit chance in each state it met: far less noisy than the return) and the hit share
+at hard totals <= 11 / 12-16 / >= 17 after the warm start, every `--eval-every` GRPO steps,
+and greedily at the end.
 `--players optimal` clones the optimal chart: a probe of how many labelled decisions the
 model needs to read the state, not a recipe. `--full` trains the warm start on every token of
 the call, as the recipe does, and prints the chance that a sampled call is well-formed.
@@ -31,7 +33,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from plies.environments import BlackjackEnv, Task
 from plies.recipes.blackjack import SYSTEM_PROMPT, TEMPLATE_KWARGS, tool_call_ids
 from plies.recipes.blackjack.config import EVAL_SEEDS, TRAIN_SEEDS, WARM_SEEDS
-from plies.recipes.blackjack.strategy import optimal_hits
+from plies.recipes.blackjack.strategy import expected_return, optimal_hits
 from plies.testing import VOCAB_SIZE, qwen3_tokenizer_dir
 from plies.tokens import ChatRenderer
 
@@ -107,6 +109,7 @@ class Hand:
     def __init__(self, lab: Lab, seed: int) -> None:
         self.lab, self.seed = lab, seed
         self.decisions: list[Decision] = []
+        self.hit_chances: list[float] = []
         self.reward = 0.0
 
     async def start(self) -> None:
@@ -143,6 +146,7 @@ async def play(lab: Lab, seeds: list[int], *, greedy: bool = False) -> list[Hand
     while open_hands := [h for h in hands if not h.done]:
         hit, stand = lab.decision_logprobs([h.prompt() for h in open_hands], grad=False)
         for hand, p in zip(open_hands, torch.sigmoid(hit - stand).tolist(), strict=True):
+            hand.hit_chances.append(float(p > 0.5) if greedy else p)
             await hand.act(p > 0.5 if greedy else random.random() < p)
     return hands
 
@@ -160,10 +164,25 @@ def shares(hands: list[Hand]) -> str:
     return " / ".join(f"{h / max(n, 1):.2f}" for h, n in counts.values())
 
 
+def value(hands: list[Hand]) -> float:
+    """The exact expected return of the policy's mean hit chance in each state it met.
+
+    Far less noisy than the sampled return: only which states were met is sampled. A state
+    never met (a rare one) is taken as a coin flip.
+    """
+    seen: dict[tuple[int, int, bool], list[float]] = {}
+    for hand in hands:
+        for (_, _, info), p in zip(hand.decisions, hand.hit_chances, strict=True):
+            key = (info["player_total"], info["dealer_up"], info["usable_ace"])
+            seen.setdefault(key, []).append(p)
+    mean = {key: sum(ps) / len(ps) for key, ps in seen.items()}
+    return expected_return(lambda t, u, s: mean.get((t, u, s), 0.5))
+
+
 async def evaluate(lab: Lab, hands: int, *, greedy: bool = False) -> str:
     played = await play(lab, [EVAL_SEEDS + i for i in range(hands)], greedy=greedy)
     mean = sum(h.reward for h in played) / hands
-    return f"return {mean:+.3f}, hit share {shares(played)}"
+    return f"return {mean:+.3f}, value {value(played):+.4f}, hit share {shares(played)}"
 
 
 async def warm_data(lab: Lab, args: argparse.Namespace) -> list[Hand]:

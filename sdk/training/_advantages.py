@@ -51,6 +51,8 @@ def training_batch(
     advantages_G: Sequence[Sequence[float]],
     *,
     temperature: float,
+    top_p: float = 1.0,
+    top_k: int = -1,
     skip_zero: bool = False,
 ) -> TrainingBatch:
     """One datum per segment, with its member's advantage on every sampled token.
@@ -58,7 +60,8 @@ def training_batch(
     Args:
         groups: trainable groups (from `training_groups`).
         advantages_G: for each group, one advantage per member, in member order.
-        temperature: the temperature the members were sampled at.
+        temperature, top_p, top_k: how the members were sampled, so that the trainer takes
+            each token's logprob from the distribution the sampler drew it from.
         skip_zero: leave out members whose advantage is exactly 0. They add no gradient to
             the importance-sampling and PPO losses but still count in the per-token mean, so
             skipping them changes the loss scale; it saves their compute.
@@ -82,4 +85,4 @@ def training_batch(
             data.extend(Datum.from_segment(seg, adv) for seg in traj.segments() if any(seg.mask))
     if not data:
         raise ConfigError("no datum to train on (every advantage was zero or no token sampled)")
-    return TrainingBatch(data=data, temperature=temperature)
+    return TrainingBatch(data=data, temperature=temperature, top_p=top_p, top_k=top_k)

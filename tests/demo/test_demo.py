@@ -13,7 +13,7 @@ import pytest
 import smoke_run
 from demo_runs import records, wait
 
-from plies.recipes.blackjack import BUDGETS
+from plies.recipes.blackjack import BUDGETS, tool_call_ids
 from plies.recipes.blackjack.config import DEFAULT_KEEP_POLICIES
 from plies.runtime import read_groups
 from plies.testing import plies_command
@@ -31,7 +31,7 @@ def demo(out: Path, *args: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 @smoke_run.demo_test
-def test_short_demo_writes_metrics_summary_and_curve(demo_run):
+def test_short_demo_writes_metrics_summary_and_curve(demo_run, qwen3_tokenizer):
     """The session's smoke run (`smoke_run.ARGS`): numbers and the advantages changed by
     `--set` (the run does, and records, that), two GRPO policies kept."""
     out = demo_run
@@ -40,15 +40,21 @@ def test_short_demo_writes_metrics_summary_and_curve(demo_run):
     smoke = dataclasses.asdict(BUDGETS["smoke"])
     assert recorded == {
         **smoke, "curve_hands": 8, "advantages": "state_contrast", "contrast_share": 0.5,
-        "warm_tail_steps": 2, "warm_tail_lr": 1e-2,
+        "warm_tail_steps": 2, "warm_tail_lr": 1e-2, "anchor": "calls",
     }  # fmt: skip
     # The warm start's two stages: its steps at warm_lr, then the tail's at warm_tail_lr.
-    warm_lrs = [
-        line["result"]["metrics"]["lr"]
-        for line in map(json.loads, (out / "server/trainer/journal.jsonl").open())
-        if line["kind"] == "optim_step" and line["op_id"].startswith("warm-")
-    ]
+    journal = [json.loads(line) for line in (out / "server/trainer/journal.jsonl").open()]
+    steps_taken = [line for line in journal if line["kind"] == "optim_step"]
+    warm_lrs = [s["result"]["metrics"]["lr"] for s in steps_taken if s["op_id"].startswith("warm-")]
     assert warm_lrs == [smoke["warm_lr"]] * smoke["warm_steps"] + [1e-2] * 2
+    # The calls anchor: each GRPO optim_step took its step's batch and its anchor together.
+    grpo = [s for s in steps_taken if s["op_id"].startswith("grpo-")]
+    assert len(grpo) == 3
+    for taken in grpo:
+        prefix = taken["op_id"].removesuffix("-opt")
+        held = [line["op_id"] for line in journal if line["kind"] == "forward_backward"]
+        assert f"{prefix}-fb" in held and f"{prefix}-anchor-fb" in held
+        assert taken["result"]["metrics"]["forward_backward_calls"] == 2
     summary = json.loads((out / "summary.json").read_text())
     for key in ("warm_start_return", "final_return", "eval_hands", "minutes", "policies"):
         assert summary[key] is not None, key
@@ -63,6 +69,12 @@ def test_short_demo_writes_metrics_summary_and_curve(demo_run):
     ]
     steps = records(out, "step")
     assert [s["step"] for s in steps] == [0, 1, 2]
+    # Every call of a step's groups is anchored: all its tokens but the decision.
+    by_id = {g.id: g for g in read_groups(out / "groups.jsonl").records}
+    call = len(tool_call_ids(qwen3_tokenizer, "hit"))
+    for s in steps:
+        calls = sum(len(t.turns) for g in s["groups"] for t in by_id[g].trajectories)
+        assert s["anchor_tokens"] == calls * (call - 1) and s["anchor_loss"] > 0
     published = {s["policy"]["version"] for s in steps} | {1}
     assert summary["policies"] == len(published)
     for figure in ("learning_curve.png", "strategy.png"):
@@ -265,6 +277,8 @@ def test_a_budget_whose_numbers_changed_is_refused_in_one_line(tmp_path):
         ("advantages=batch", "budget field advantages is 'batch'; known: group, state_con"),
         ("contrast_share=1.5", "budget field contrast_share is 1.5: a share from 0 to 1"),
         ("warm_tail_steps=-1", "budget field warm_tail_steps is -1: at least 0"),
+        ("top_p=0", "budget field top_p is 0.0: a finite number > 0"),
+        ("top_p=1.5", "budget field top_p is 1.5: a share above 0, at most 1"),
     ],
 )
 def test_set_names_what_is_wrong_in_one_line_before_any_work(tmp_path, setting, said):

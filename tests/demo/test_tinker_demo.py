@@ -113,13 +113,16 @@ def test_ctrl_c_then_resume_on_tinker_applies_every_step_once(tmp_path):
     assert sorted(forgotten) == sorted(uris[v] for v in retention["removed"])
 
 
-def test_a_tinker_service_that_is_down_or_misnamed_is_one_line_and_exit_2(tmp_path):
+def test_a_tinker_service_that_is_down_misnamed_or_asked_for_top_p_is_one_line_and_exit_2(
+    tmp_path,
+):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     for extra, says in (
         (["--trainer", "tinker", "--tinker-url", closed], "no Tinker service answers"),
         (["--tinker-url", closed], "--tinker-url is the service of --trainer tinker"),
+        (["--trainer", "tinker", "--set", "top_p=0.9"], "top_p is 0.9: add --set top_p=1"),
     ):
         argv = [*DEMO, "--out", str(tmp_path / "run"), "--budget", "smoke", *extra]
         done = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=300)

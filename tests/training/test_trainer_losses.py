@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from plies.server import processed_logprobs
 from plies.server._losses import batch_loss
+from plies.server._sampling import TOP_P_HEAD
 from plies.training import Datum, TrainingBatch
 
 TEMPERATURE = 0.7
@@ -151,6 +152,38 @@ def test_top_k_sampling_is_part_of_the_convention(model_dir):
     assert metrics["entropy"] == pytest.approx(direct_entropy(model, batch, top_k=50), rel=1e-5)
     plain = TrainingBatch(data=[datum], temperature=TEMPERATURE)
     assert batch_loss(model, plain, "importance_sampling")["logprob_diff_max"] > 1e-3
+
+
+def assert_nucleus(row: torch.Tensor, logits: torch.Tensor, top_p: float) -> None:
+    """`row` keeps a head of the tokens in order of decreasing probability, stopping at the
+    first token before which the head's mass reaches `top_p` (to float32's precision in the
+    sum, which a cut through thousands of tokens can only be held to), renormalised."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    order = torch.argsort(probs, descending=True)
+    kept = torch.isfinite(row)
+    n = int(kept.sum())
+    assert bool(kept[order[:n]].all()), "the kept tokens are not the most likely ones"
+    mass = torch.cumsum(probs[order], dim=-1)
+    assert n == 1 or float(mass[n - 2]) < top_p + 1e-5, "a token too many"
+    assert float(mass[n - 1]) >= top_p - 1e-5, "a token too few"
+    assert float(torch.logsumexp(row.double(), dim=-1)) == pytest.approx(0.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_top_p_keeps_the_smallest_head_of_mass_narrow_or_wide(top_p):
+    """A narrow nucleus is found among the most likely tokens, a wide one (past
+    `TOP_P_HEAD` tokens) by sorting the row: the same cut either way, renormalised."""
+    generator = torch.Generator().manual_seed(0)
+    peaked = torch.randn(151_936, generator=generator)
+    peaked[:3] = torch.tensor([20.0, 19.0, 17.0])  # 0.70, 0.26, 0.035 and a thin tail
+    flat = torch.randn(151_936, generator=generator) * 0.1  # thousands of tokens: wide
+    logits = torch.stack([peaked, flat])
+    logp = processed_logprobs(logits, 1.0, top_p=top_p)
+    narrow = {0.5: {0}, 0.9: {0, 1}, 0.99: {0, 1, 2}}[top_p]
+    assert set(torch.isfinite(logp[0]).nonzero()[:, 0].tolist()) == narrow
+    for row, x in zip(logp, logits, strict=True):
+        assert_nucleus(row, x, top_p)
+    assert int(torch.isfinite(logp[1]).sum()) > TOP_P_HEAD
 
 
 def test_bad_datum_is_refused_naming_the_problem():

@@ -25,6 +25,7 @@ OPTIMAL_RETURN = -0.047
 
 WarmPlayers = Literal["random", "thresholds"]
 Advantages = Literal["group", "state_contrast"]
+Anchor = Literal["none", "calls"]
 
 TRAIN_SEEDS = 0
 EVAL_SEEDS = 1_000_000_000
@@ -92,6 +93,14 @@ class Budget:
     (`contrast.state_contrast`), a research setting (see docs/training.md)."""
     contrast_share: float = 1.0
     """How much of the shared share `state_contrast` removes, from 0 (none) to 1 (all)."""
+    anchor: Anchor = "none"
+    """`calls`: each GRPO step also takes the warm start's cross-entropy on the fixed tokens
+    of every call it trains on, written canonically (`anchor.anchor_batch`), so sampling at
+    temperature 1 stops leaking ill-formed calls; the hit/stand token stays GRPO's."""
+    top_p: float = 1.0
+    """Nucleus sampling, for every episode the run plays (GRPO's and the evaluations'): each
+    token is drawn from the most likely tokens holding this share of the probability, and the
+    trainer takes logprobs from that same distribution. 1 samples the whole vocabulary."""
     loss: LossName = "ppo"
     """GRPO's loss. `ppo` clips the ratio of the trainer's to the sampler's probability at
     1 +- 0.2, so a group sampled a version or two back cannot push a token that has already
@@ -111,6 +120,8 @@ class Budget:
             raise ConfigError(
                 f"budget field contrast_share is {self.contrast_share}: a share from 0 to 1"
             )
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"budget field top_p is {self.top_p}: a share above 0, at most 1")
         for name, kind in _CHOICES.items():
             value, known = getattr(self, name), get_args(kind)
             if value not in known:
@@ -135,7 +146,7 @@ _LEAST: dict[str, float] = {
     "warm_hands": 1, "warm_steps": 1, "warm_batch": 1, "warm_lr": 0.0,
     "warm_tail_steps": 0, "warm_tail_lr": 0.0,
     "grpo_steps": 1, "groups_per_step": 1, "group_size": 2, "lr": 0.0,
-    "eval_hands": 1, "curve_every": 0, "curve_hands": 1, "eval_concurrency": 1,
+    "eval_hands": 1, "curve_every": 0, "curve_hands": 1, "eval_concurrency": 1, "top_p": 0.0,
     "max_turns": 1, "max_new_tokens": 1,
 }  # fmt: skip
 """The least value of each numeric field (a learning rate: above it). A group needs two
@@ -145,6 +156,7 @@ members for a group baseline to say anything; `curve_every` 0 draws no curve."""
 _CHOICES: dict[str, Any] = {
     "warm_players": WarmPlayers,
     "advantages": Advantages,
+    "anchor": Anchor,
     "loss": LossName,
 }
 """The fields that name one of a few choices, and the `Literal` that lists them."""
@@ -251,6 +263,12 @@ class DemoConfig:
                 raise ConfigError(f"unknown --{option} {value!r}; known: {', '.join(known)}")
         if self.tinker_url is not None and self.trainer != "tinker":
             raise ConfigError("--tinker-url is the service of --trainer tinker; add that")
+        if self.trainer == "tinker" and self.plan.top_p != 1.0:
+            raise ConfigError(
+                f"--trainer tinker samples the whole vocabulary (the Tinker API's losses take "
+                f"each token's logprob over all of it), and this budget's top_p is "
+                f"{self.plan.top_p}: add --set top_p=1"
+            )
         if self.env == "openenv" and self.sandbox != "none":
             raise ConfigError("--env openenv and --sandbox are alternatives; pick one")
         if self.keep_policies is not None and self.keep_policies < 1:

@@ -35,13 +35,13 @@ pays 0), so running out of turns is never better than standing."""
 def harness_for_budget(
     renderer: ChatRenderer, policy: PolicyClient, budget: Budget
 ) -> ToolCallingHarness:
-    """The recipe's harness: one tool call a turn, sampled at temperature 1 as GRPO's
-    importance sampling assumes, within the budget's tokens and turns, scored by
-    `FORFEIT_REWARDS`."""
+    """The recipe's harness: one tool call a turn, sampled at temperature 1 and the budget's
+    `top_p` (GRPO's batches say both, so the trainer's logprobs match the sampler's), within
+    the budget's tokens and turns, scored by `FORFEIT_REWARDS`."""
     return ToolCallingHarness(
         renderer,
         policy,
-        SamplingParams(max_tokens=budget.max_new_tokens, temperature=1.0),
+        SamplingParams(max_tokens=budget.max_new_tokens, temperature=1.0, top_p=budget.top_p),
         limits=EpisodeLimits(max_turns=budget.max_turns),
         system_prompt=SYSTEM_PROMPT,
         rewards=FORFEIT_REWARDS,
