@@ -4,9 +4,10 @@ The tests that only read a finished run (the short demo's checks in tests/demo/t
 `plies view` and `plies replay` in tests/view) read this one rather than each making its own:
 a smoke run is a few minutes of the suite. Its options make every check there bite: two GRPO
 policies kept of three published (so retention removed one), one number changed by `--set`
-(which run.json must record), and `state_contrast` advantages with the calls anchor, so that
-`plies replay --train-only` re-feeds a step that needs the decision tokens and the canonical
-calls (the default advantages, unanchored, run in the Ctrl-C tests and the Tinker demo's).
+(which run.json must record), `state_contrast` advantages, so that `plies replay --train-only`
+re-feeds a step that needs the decision tokens (the default advantages run in the Ctrl-C tests
+and the Tinker demo's), and nucleus sampling, so that it re-feeds a batch that carries its
+top_p.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ ARGS = (
     "--budget", "smoke", "--keep-policies", "2",
     "--set", "curve_hands=8", "--set", "advantages=state_contrast",
     "--set", "contrast_share=0.5", "--set", "warm_tail_steps=2", "--set", "warm_tail_lr=1e-2",
-    "--set", "anchor=calls",
+    "--set", "top_p=0.99",
 )  # fmt: skip
 """`plies demo blackjack` options of the shared run (its `--out` aside)."""
 TIMEOUT = 1200

@@ -25,7 +25,6 @@ OPTIMAL_RETURN = -0.047
 
 WarmPlayers = Literal["random", "thresholds"]
 Advantages = Literal["group", "state_contrast"]
-Anchor = Literal["none", "calls"]
 
 TRAIN_SEEDS = 0
 EVAL_SEEDS = 1_000_000_000
@@ -93,10 +92,6 @@ class Budget:
     (`contrast.state_contrast`), a research setting (see docs/training.md)."""
     contrast_share: float = 1.0
     """How much of the shared share `state_contrast` removes, from 0 (none) to 1 (all)."""
-    anchor: Anchor = "none"
-    """`calls`: each GRPO step also takes the warm start's cross-entropy on the fixed tokens
-    of every call it trains on, written canonically (`anchor.anchor_batch`), so sampling at
-    temperature 1 stops leaking ill-formed calls; the hit/stand token stays GRPO's."""
     top_p: float = 1.0
     """Nucleus sampling, for every episode the run plays (GRPO's and the evaluations'): each
     token is drawn from the most likely tokens holding this share of the probability, and the
@@ -156,7 +151,6 @@ members for a group baseline to say anything; `curve_every` 0 draws no curve."""
 _CHOICES: dict[str, Any] = {
     "warm_players": WarmPlayers,
     "advantages": Advantages,
-    "anchor": Anchor,
     "loss": LossName,
 }
 """The fields that name one of a few choices, and the `Literal` that lists them."""
@@ -203,9 +197,11 @@ def budget_with(name: str, settings: Sequence[str]) -> Budget:
 BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
     {
         "default": Budget(
-            warm_hands=512, warm_steps=120, warm_batch=8, warm_lr=3e-2,
-            grpo_steps=30, groups_per_step=4, group_size=16, lr=1e-2,
-            eval_hands=2000, curve_every=10, curve_hands=400,
+            warm_hands=1024, warm_steps=500, warm_batch=16, warm_lr=3e-3,
+            grpo_steps=45, groups_per_step=4, group_size=16, lr=1e-3,
+            eval_hands=2000, curve_every=10, curve_hands=200,
+            warm_players="thresholds", advantages="state_contrast", contrast_share=0.5,
+            top_p=0.9,
         ),
         "quick": Budget(
             warm_hands=512, warm_steps=120, warm_batch=8, warm_lr=3e-2,
@@ -219,6 +215,12 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
         ),
     }
 )  # fmt: skip
+"""The presets. `default` is the flagship, each choice measured in docs/training.md: a slow
+warm start on threshold players, so the decision reads the total; GRPO at a slow rate with
+half the shared share of the update removed, so it does not collapse to always-stand; and
+nucleus sampling at 0.9, so the call's format cannot leak into the vocabulary's tail and a
+state the policy is sure of is played the same way every time. `quick` and `smoke` keep the
+fast warm start of random play: a look at the loop and a test of it, not a strategy."""
 
 
 EnvName = Literal["local", "openenv"]

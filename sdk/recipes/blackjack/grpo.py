@@ -12,7 +12,6 @@ midway is replayed on the same groups with the same op ids.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -24,13 +23,12 @@ from plies.runtime import GroupSpec, JsonlSink, RolloutDriver, read_groups
 from plies.training import Trainer, grpo_advantages, training_batch, training_groups
 from plies.wire import served_name
 
-from .anchor import anchor_batch
 from .config import MAX_IDLE_BATCHES, MAX_STALENESS, TRAIN_SEEDS, Budget
 from .contrast import DecisionTokens, decision_tokens, state_contrast
 from .evaluation import evaluate
 from .report import idle_streak, set_aside_counts, step_line, stopped_line
 from .state import Interrupted, RunState
-from .warm_start import canonical_calls, train_step
+from .warm_start import train_step
 
 __all__ = ["grpo", "retrain", "train_on"]
 
@@ -43,13 +41,11 @@ async def train_on(
     budget: Budget,
     *,
     decisions: DecisionTokens | None = None,
-    calls: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[PolicyRef | None, dict[str, Any]]:
     """One GRPO step on `groups`: check, advantages, importance sampling, save.
 
     `decisions` locates the hit/stand token, which `budget.advantages == "state_contrast"`
-    needs; `calls` are the canonical calls (`tool_call_ids`), which `budget.anchor ==
-    "calls"` needs.
+    needs.
 
     Returns:
         The new policy (None when every group tied: nothing to learn, nothing published) and
@@ -75,14 +71,7 @@ async def train_on(
         if decisions is None:
             raise ConfigError("state_contrast advantages need the decision tokens")
         batch = state_contrast(batch, decisions, share=budget.contrast_share)
-    anchor = None
-    if budget.anchor == "calls":
-        if calls is None:
-            raise ConfigError("the calls anchor needs the canonical calls")
-        anchor = anchor_batch(selection.trainable, calls)
-    fb, opt = await train_step(
-        trainer, f"grpo-{step}", batch, loss=budget.loss, lr=budget.lr, anchor=anchor
-    )
+    fb, opt = await train_step(trainer, f"grpo-{step}", batch, loss=budget.loss, lr=budget.lr)
     # Every metric the trainer reported (loss, tokens, ratios, KL...): `plies replay
     # --train-only` re-feeds this batch and compares them all.
     info.update(fb, grad_norm=opt.get("grad_norm"))
@@ -113,15 +102,12 @@ async def retrain(
             f"run.json records no Blackjack budget ({exc!r}); --train-only re-feeds steps of "
             "plies demo blackjack"
         ) from None
-    decisions = calls = None
-    if budget.advantages == "state_contrast" or budget.anchor == "calls":
-        from transformers import AutoTokenizer  # the policy directory carries its tokenizer
+    decisions = None
+    if budget.advantages == "state_contrast":  # the policy directory carries its tokenizer
+        from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(policy_path(policy))
-        decisions, calls = decision_tokens(tokenizer), canonical_calls(tokenizer)
-    _, info = await train_on(
-        trainer, step, groups, policy, budget, decisions=decisions, calls=calls
-    )
+        decisions = decision_tokens(AutoTokenizer.from_pretrained(policy_path(policy)))
+    _, info = await train_on(trainer, step, groups, policy, budget, decisions=decisions)
     return info
 
 
@@ -199,7 +185,7 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
     if waiting:
         run.console.print(f"resuming at step {step} with {len(waiting)} completed untrained groups")
     served = {policy.version}
-    decisions, calls = decision_tokens(run.tokenizer), canonical_calls(run.tokenizer)
+    decisions = decision_tokens(run.tokenizer)
 
     with (
         JsonlSink(run.out / "groups.jsonl") as sink,
@@ -250,7 +236,7 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                     run.log.write("step_begin", step=step, groups=[g.id for g in batch])
                     t0 = time.monotonic()
                     new, info = await train_on(
-                        run.trainer, step, batch, policy, budget, decisions=decisions, calls=calls
+                        run.trainer, step, batch, policy, budget, decisions=decisions
                     )
                     aside = set_aside_counts(run.log)  # in the log already, one per group
                     if new is None:  # nothing to learn: not a step, sample another batch

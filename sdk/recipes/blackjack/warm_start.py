@@ -25,14 +25,7 @@ from .config import SYSTEM_PROMPT, WARM_SEEDS, Budget, WarmPlayers
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = [
-    "applied_steps",
-    "canonical_calls",
-    "tool_call_ids",
-    "train_step",
-    "transcripts",
-    "warm_start",
-]
+__all__ = ["applied_steps", "tool_call_ids", "train_step", "transcripts", "warm_start"]
 
 Metrics = dict[str, float]
 
@@ -41,11 +34,6 @@ def tool_call_ids(tokenizer: PreTrainedTokenizerBase, name: str) -> list[int]:
     """The ids of a bare Qwen3 call of tool `name` with no arguments, close token included."""
     text = f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n</tool_call>'
     return [*tokenizer.encode(text), tokenizer.convert_tokens_to_ids("<|im_end|>")]
-
-
-def canonical_calls(tokenizer: PreTrainedTokenizerBase) -> dict[str, list[int]]:
-    """The two calls a Blackjack turn may make, by name: what the warm start teaches."""
-    return {name: tool_call_ids(tokenizer, name) for name in ("hit", "stand")}
 
 
 async def transcripts(
@@ -67,7 +55,7 @@ async def transcripts(
     Completions are the canonical tool-call ids; logprobs are 0 (the loss ignores them).
     """
     rng = random.Random(seed)
-    calls = {name: _canonical(ids, policy) for name, ids in canonical_calls(tokenizer).items()}
+    calls = {name: _canonical(tool_call_ids(tokenizer, name), policy) for name in ("hit", "stand")}
     out = []
     for i in range(hands):
         task = Task(id=f"warm-{i}", seed=WARM_SEEDS + i)
@@ -109,16 +97,11 @@ async def train_step(
     *,
     loss: LossName,
     lr: float,
-    anchor: TrainingBatch | None = None,
 ) -> tuple[Metrics, Metrics]:
     """forward_backward + optim_step with op ids derived from `prefix`, exactly once.
 
-    `anchor`, when given, is a second forward_backward (`cross_entropy`) whose gradients
-    join `batch`'s before the one optim_step (`anchor.anchor_batch`); its loss and tokens
-    are reported as `anchor_loss` and `anchor_tokens`.
-
     Re-running a step after a crash sends the same ids: the trainer answers what it already
-    applied. When it reports the gradients lost (it restarted between the calls), every
+    applied. When it reports the gradients lost (it restarted between the two calls), the
     forward_backward is redone under a new id and the step is taken once.
 
     Returns:
@@ -130,16 +113,11 @@ async def train_step(
     for attempt in range(3):
         tag = prefix if attempt == 0 else f"{prefix}-redo{attempt}"
         try:
-            fb = dict((await trainer.forward_backward(batch, loss=loss, op_id=f"{tag}-fb")).metrics)
-            if anchor is not None:
-                held = await trainer.forward_backward(
-                    anchor, loss="cross_entropy", op_id=f"{tag}-anchor-fb"
-                )
-                fb.update(anchor_loss=held.metrics["loss"], anchor_tokens=held.metrics["tokens"])
+            fb = await trainer.forward_backward(batch, loss=loss, op_id=f"{tag}-fb")
             opt = await trainer.optim_step(AdamParams(lr=lr, grad_clip=1.0), op_id=f"{prefix}-opt")
         except TrainingGradientsLost:
             continue
-        return fb, opt.metrics
+        return fb.metrics, opt.metrics
     raise PliesError(f"step {prefix}: the trainer lost its gradients three times")
 
 
