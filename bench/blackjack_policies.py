@@ -28,7 +28,7 @@ from pathlib import Path
 
 from plies.environments.blackjack import BlackjackGame, total, usable_ace
 from plies.recipes.blackjack.config import EVAL_SEEDS
-from plies.recipes.blackjack.strategy import expected_return, optimal_hits
+from plies.recipes.blackjack.strategy import expected_return, optimal_hits, played_policy
 
 Policy = Callable[[int, int, bool], float]
 
@@ -83,13 +83,7 @@ def learned(run: Path, label: str) -> Policy:
     evals = [r for r in records if r["kind"] == "eval" and r["label"] == label]
     if not evals:
         raise SystemExit(f"{run}: no {label!r} evaluation in metrics.jsonl")
-    cells: dict[tuple[int, int, bool], list[int]] = {}
-    for player, up, soft, hit in evals[-1]["decisions"]:
-        cell = cells.setdefault((player, up, bool(soft)), [0, 0])
-        cell[0] += hit
-        cell[1] += 1
-    share = {key: hits / n for key, (hits, n) in cells.items()}
-    return lambda t, u, s: share.get((t, u, s), 0.5)
+    return played_policy(evals[-1]["decisions"])
 
 
 def cut(policy: Policy, top_p: float) -> Policy:

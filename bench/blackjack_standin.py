@@ -33,7 +33,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from plies.environments import BlackjackEnv, Task
 from plies.recipes.blackjack import SYSTEM_PROMPT, TEMPLATE_KWARGS, tool_call_ids
 from plies.recipes.blackjack.config import EVAL_SEEDS, TRAIN_SEEDS, WARM_SEEDS
-from plies.recipes.blackjack.strategy import expected_return, optimal_hits
+from plies.recipes.blackjack.strategy import expected_return, optimal_hits, played_policy
 from plies.testing import VOCAB_SIZE, qwen3_tokenizer_dir
 from plies.tokens import ChatRenderer
 
@@ -170,13 +170,13 @@ def value(hands: list[Hand]) -> float:
     Far less noisy than the sampled return: only which states were met is sampled. A state
     never met (a rare one) is taken as a coin flip.
     """
-    seen: dict[tuple[int, int, bool], list[float]] = {}
-    for hand in hands:
-        for (_, _, info), p in zip(hand.decisions, hand.hit_chances, strict=True):
-            key = (info["player_total"], info["dealer_up"], info["usable_ace"])
-            seen.setdefault(key, []).append(p)
-    mean = {key: sum(ps) / len(ps) for key, ps in seen.items()}
-    return expected_return(lambda t, u, s: mean.get((t, u, s), 0.5))
+    return expected_return(
+        played_policy(
+            (info["player_total"], info["dealer_up"], info["usable_ace"], p)
+            for hand in hands
+            for (_, _, info), p in zip(hand.decisions, hand.hit_chances, strict=True)
+        )
+    )
 
 
 async def evaluate(lab: Lab, hands: int, *, greedy: bool = False) -> str:

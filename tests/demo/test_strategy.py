@@ -30,6 +30,7 @@ from plies.recipes.blackjack.strategy import (
     expected_return,
     optimal_hits,
     optimal_return,
+    played_policy,
     strategy_table,
 )
 
@@ -62,6 +63,22 @@ def test_expected_return_agrees_with_the_real_game():
         rewards.append(game.reward)
     mean, stderr = mean_stderr(rewards)
     assert abs(mean - expected_return(share)) < 4 * stderr
+
+
+def test_a_played_policy_is_the_hit_share_of_each_cell_it_met():
+    """Decisions as an evaluation records them: each cell's share of hits, or of hit chances;
+    a cell never met is a coin flip. The optimal chart's own decisions price at the optimum."""
+    policy = played_policy([(16, 10, False, True), (16, 10, False, False), (16, 10, False, 1)])
+    assert policy(16, 10, False) == pytest.approx(2 / 3)
+    assert policy(16, 10, True) == policy(12, 4, False) == 0.5
+    assert played_policy([(13, 2, False, 0.25), (13, 2, False, 0.75)])(13, 2, False) == 0.5
+    chart = [
+        (player, up, soft, optimal_hits(player, up, soft))
+        for soft, totals in ((False, range(4, 22)), (True, SOFT_TOTALS))
+        for player in totals
+        for up in UP_CARDS
+    ]
+    assert expected_return(played_policy(chart)) == pytest.approx(optimal_return(), abs=1e-12)
 
 
 def test_the_dynamic_programme_reproduces_the_documented_optimal_return():

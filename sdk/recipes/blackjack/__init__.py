@@ -6,12 +6,15 @@
 2. the reference server (`plies serve`) on 127.0.0.1, in its own session so that Ctrl-C
    reaches only this process, which decides what to stop;
 3. a supervised warm start (`warm_start`: `cross_entropy` through the `TrainingClient`) on
-   `transcripts` whose hit/stand choices are uniformly random by default: the model learns
-   to emit well-formed tool calls and nothing about strategy, which is left to RL
-   (`warm_players="thresholds"`, a research setting, makes the labels depend on the total);
+   `transcripts`: in the default budget each hand is played by a threshold player (hit
+   while the total is below a threshold of its own), so the model learns the call's format
+   and to read the total, but no threshold and nothing about the dealer's card, which are
+   left to RL (the quick and smoke budgets flip coins: the format only);
 4. GRPO (`grpo`): each group is G episodes of one seeded deal, advantages are each reward
-   minus the group mean, `training_groups` checks every group, then `forward_backward`
-   (importance sampling) + `optim_step` + `save_policy` + publish; new groups are admitted
+   minus the group mean (in the default budget, less half the share that moves every
+   state alike: `contrast`), `training_groups` checks every group, then `forward_backward`
+   (PPO's clipped ratio) + `optim_step` + `save_policy` + publish; every episode samples at
+   the budget's `top_p` and the batches say so; new groups are admitted
    under the new policy while the driver's bound on groups in flight keeps sampling at most
    `MAX_STALENESS` steps ahead (staleness by pacing);
 5. evaluation on held-out deals (`evaluate`: the same seeds before and after, so the
@@ -21,7 +24,7 @@
 
 Modules: `config` (budgets, seeds, prompt, reference returns), `runlog`, `warm_start`,
 `rewards`, `state` (the `RunState` every phase receives), `evaluation`, `grpo`, `contrast`
-(the `state_contrast` advantages, a research setting), `report`,
+(the `state_contrast` advantages), `report`,
 `strategy` (the hit/stand grid per total and up card, and the exact optimum),
 `run` (servers, clients, pools, and the phases in order), `trainers` (`--trainer native` or
 `tinker`: plies' own wire, or the Tinker API's training and sampling clients), `progress`

@@ -89,7 +89,8 @@ class Budget:
     advantages: Advantages = "group"
     """`group`: each member's reward minus its group's mean, on every sampled token.
     `state_contrast`: the same, less the share that moves every state's hit rate alike
-    (`contrast.state_contrast`), a research setting (see docs/training.md)."""
+    (`contrast.state_contrast`): not an unbiased policy gradient, but at half share it kept
+    GRPO from drifting to stand where group advantages drifted (docs/training.md)."""
     contrast_share: float = 1.0
     """How much of the shared share `state_contrast` removes, from 0 (none) to 1 (all)."""
     top_p: float = 1.0

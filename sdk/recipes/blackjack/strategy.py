@@ -23,6 +23,7 @@ __all__ = [
     "expected_return",
     "optimal_hits",
     "optimal_return",
+    "played_policy",
     "strategy_table",
 ]
 
@@ -130,6 +131,22 @@ def expected_return(hit_share: Callable[[int, int, bool], float]) -> float:
         for a, pa in _P.items()
         for b, pb in _P.items()
     )
+
+
+def played_policy(
+    decisions: Iterable[tuple[int, int, bool, float]],
+) -> Callable[[int, int, bool], float]:
+    """The hit share in each (total, up card, soft) cell of `decisions`, as a policy for
+    `expected_return`: what a run's evaluation played, priced exactly. The last item of a
+    decision is its hit (True / False) or its chance of hitting; a cell never met (a rare
+    one) is taken as a coin flip."""
+    cells: dict[tuple[int, int, bool], list[float]] = {}
+    for player, up, soft, hit in decisions:
+        cell = cells.setdefault((player, up, bool(soft)), [0.0, 0.0])
+        cell[0] += float(hit)
+        cell[1] += 1.0
+    share = {key: hits / n for key, (hits, n) in cells.items()}
+    return lambda player, up, soft: share.get((player, up, soft), 0.5)
 
 
 def decisions_of(trajectory: Any) -> list[Decision]:
