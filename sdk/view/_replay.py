@@ -127,7 +127,9 @@ def sampling_of(run_dir: Path) -> SamplingParams:
         return SamplingParams.model_validate(run["sampling"])
     budget = run.get("budget") if isinstance(run.get("budget"), dict) else {}
     if isinstance(budget.get("max_new_tokens"), int):  # the Blackjack recipe: temperature 1
-        return SamplingParams(max_tokens=budget["max_new_tokens"], temperature=1.0)
+        # and the budget's top_p (a run recorded before the field sampled the whole vocabulary)
+        top_p = budget.get("top_p", 1.0)
+        return SamplingParams(max_tokens=budget["max_new_tokens"], temperature=1.0, top_p=top_p)
     raise ConfigError(f"{run_dir / 'run.json'} records no sampling parameters; pass --max-tokens")
 
 
