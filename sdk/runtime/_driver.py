@@ -271,16 +271,20 @@ class RolloutDriver(DriverBase):
             and self._admitted_groups - self._handout.handed_out >= self.max_groups_in_flight
         ):
             raise WouldBlock
-        assert self._tg is not None
         state = _GroupState(spec, self._policy)
         self._admitted_groups += 1
-        self._admitted += spec.size
-        self._running += spec.size
-        for index in range(spec.size):
-            ctx = EpisodeContext(self, spec, index, state.policy)
-            self._tg.start_soon(self._run, state, ctx, name=f"episode {spec.id}/{index}")
+        self._start(state, range(1 if spec.deterministic else spec.size))
         self._handout.wake()
         return Group(id=spec.id, task_id=spec.task_id, size=spec.size, policy=state.policy)
+
+    def _start(self, state: _GroupState, members: range) -> None:
+        assert self._tg is not None
+        spec = state.spec
+        self._admitted += len(members)
+        self._running += len(members)
+        for index in members:
+            ctx = EpisodeContext(self, spec, index, state.policy)
+            self._tg.start_soon(self._run, state, ctx, name=f"episode {spec.id}/{index}")
 
     # stopping ---------------------------------------------------------------------------------
 
@@ -356,12 +360,17 @@ class RolloutDriver(DriverBase):
         self._running -= 1
         state.members[ctx.index] = traj
         state.settled += 1
-        if state.settled == state.spec.size:
-            spec = state.spec
+        spec = state.spec
+        if spec.deterministic and state.settled == 1 < spec.size:
+            if not _certain(traj):
+                self._start(state, range(1, spec.size))  # cancelled ones settle at once
+                return
+            state.members = [traj]  # the others would repeat it token for token
+        if state.settled == len(state.members):
             group = Group(
                 id=spec.id,
                 task_id=spec.task_id,
-                size=spec.size,
+                size=len(state.members),
                 policy=state.policy,
                 trajectories=[t for t in state.members if t is not None],
             )
@@ -384,3 +393,12 @@ class RolloutDriver(DriverBase):
             policy=self._policy,
             leases=self.resources.statistics(),
         )
+
+
+def _certain(traj: Trajectory) -> bool:
+    """The episode completed and drew every token with certainty (logprob exactly 0)."""
+    return (
+        traj.status is Status.COMPLETED
+        and bool(traj.turns)
+        and all(lp == 0.0 for turn in traj.turns for lp in turn.logprobs)
+    )

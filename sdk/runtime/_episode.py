@@ -34,12 +34,20 @@ class GroupSpec:
         size: members of the group (GRPO samples per prompt).
         task: anything the episode needs (a prompt, a seed); passed as `ctx.task`.
         id: the group id; a fresh one when not given.
+        deterministic: the episode is a function of the task and the sampled tokens alone
+            (a seeded environment). Member 0 then plays first; if it completes and every
+            token it sampled was certain (logprob exactly 0: alone in its nucleus), the
+            others would repeat it token for token and tie, so the group completes with that
+            one member (`Group.size` 1) and the rest are never admitted. With nucleus
+            sampling most groups of a sharp policy are such groups, and GRPO learns nothing
+            from them; playing one member rather than all is what makes them cheap.
     """
 
     task_id: str
     size: int = 1
     task: Any = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1:

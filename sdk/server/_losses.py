@@ -14,7 +14,7 @@ import torch
 
 from .._exceptions import ConfigError
 from ..wire.training import LossName, TrainingBatch
-from ._sampling import CHUNK_ROWS, processed_logprobs
+from ._sampling import CHUNK_ROWS, certain_tokens, processed_logprobs
 
 __all__ = ["MAX_LOG_RATIO", "batch_loss", "micro_batches"]
 
@@ -22,6 +22,10 @@ MAX_LOG_RATIO = 20.0
 """Log-ratios are clamped to +-20 before `exp`: a ratio of e^20 already says the token is far
 off-policy, and a larger one overflows float32 into an infinite loss and NaN gradients.
 Clamped tokens get no gradient through the ratio, which is what such a token deserves."""
+
+CERTAIN_ROWS = 64
+"""Rows the trainer looks for certain tokens among at once: enough that the head's weight
+(151,936 x hidden) is read a few times per batch, few enough that the logits stay small."""
 
 
 @dataclass
@@ -117,17 +121,15 @@ def batch_loss(
         cols_t = torch.tensor(cols, device=device)
         hidden = decoder(input_ids=ids, attention_mask=att).last_hidden_state
         # The logit predicting token i sits at position i - 1; only those rows hit the head.
-        logits = head(hidden[rows_t, cols_t - 1])
-        logp = processed_logprobs(logits, batch.temperature, batch.top_k, batch.top_p)
-        lp = logp.gather(1, ids[rows_t, cols_t].unsqueeze(1)).squeeze(1)
+        lp, entropy = _token_logprobs(head, hidden[rows_t, cols_t - 1], ids[rows_t, cols_t], batch)
         q_t = torch.tensor(q, device=device, dtype=lp.dtype)
         a_t = torch.tensor(adv, device=device, dtype=lp.dtype)
         per_token = _per_token_loss(spec, lp, q_t, a_t)
         mb_loss = per_token.sum() / spec.normalizer
-        mb_loss.backward()
+        if mb_loss.requires_grad:  # else every row was certain: its gradient is exactly 0
+            mb_loss.backward()
         total += float(mb_loss.detach())
-        with torch.no_grad():
-            ent_all.append(_entropy(logp))
+        ent_all.append(entropy)
         lp_all.append(lp.detach())
         q_all.append(q_t)
         adv_all.append(a_t)
@@ -141,6 +143,39 @@ def batch_loss(
     if loss != "cross_entropy":
         metrics.update(_ratio_metrics(spec, lp_c, q_c, a_c))
     return metrics
+
+
+def _token_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, batch: TrainingBatch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's logprob of its target token (with gradient) and its entropy (without).
+
+    Under a top-p cut, a row whose most likely token alone holds `top_p` is certain
+    (`certain_tokens`): its logprob is 0 for that token and -inf for any other, its entropy
+    0, its gradient exactly 0. Such rows are found with one pass over the head under
+    `no_grad`, a few rows at a time, and only the others take the vocabulary-wide passes
+    that autograd keeps and runs backward: on the recipe's GRPO batches, nearly every format
+    token is certain.
+    """
+    t, k, p = batch.temperature, batch.top_k, batch.top_p
+    if p >= 1.0 or t <= 0:
+        logp = processed_logprobs(head(hidden), t, k, p)
+        with torch.no_grad():
+            entropy = _entropy(logp)
+        return logp.gather(1, targets[:, None])[:, 0], entropy
+    with torch.no_grad():
+        certain = torch.cat(
+            [certain_tokens(head(h), t, k, p) for h in hidden.detach().split(CERTAIN_ROWS)]
+        )
+    busy = torch.nonzero(certain < 0)[:, 0]
+    fixed = torch.where(targets == certain, 0.0, float("-inf"))
+    entropy = torch.zeros_like(fixed)
+    if busy.numel() == 0:
+        return fixed, entropy
+    logp = processed_logprobs(head(hidden[busy]), t, k, p)
+    with torch.no_grad():
+        entropy[busy] = _entropy(logp)
+    return fixed.index_put((busy,), logp.gather(1, targets[busy, None])[:, 0]), entropy
 
 
 def _per_token_loss(

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["CHUNK_ROWS", "RowParams", "processed_logprobs", "sample_rows"]
+__all__ = ["CHUNK_ROWS", "RowParams", "certain_tokens", "processed_logprobs", "sample_rows"]
 
 
 class RowParams:
@@ -47,17 +47,41 @@ def processed_logprobs(
         top_k: keep the k largest logits; -1 or 0 disables it.
         top_p: keep the smallest head of mass >= top_p; 1.0 disables it.
     """
-    x = logits.float()
     if temperature <= 0:
-        return torch.log_softmax(x, dim=-1)
+        return torch.log_softmax(logits.float(), dim=-1)
+    x = _scaled(logits, temperature, top_k)
+    if top_p < 1.0:
+        x = _nucleus(x, top_p)
+    return torch.log_softmax(x, dim=-1)
+
+
+def certain_tokens(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0
+) -> torch.Tensor:
+    """For each row of `logits` (2-D), the token it samples with certainty, or -1.
+
+    A token is certain when it alone holds `top_p` (the rule `_nucleus` cuts by):
+    `processed_logprobs` then gives it logprob exactly 0 and every other token -inf, and no
+    gradient flows through the row. Most tokens of a well-learnt format are such rows, so
+    the sampler and the trainer look for them first and skip their vocabulary-wide passes:
+    on a GRPO batch of the recipe those passes were most of the trainer's time.
+    """
+    none = torch.full((logits.shape[0],), -1, dtype=torch.long, device=logits.device)
+    if temperature <= 0 or top_p >= 1.0:
+        return none
+    _, best, alone = _alone(_scaled(logits, temperature, top_k), top_p)
+    return torch.where(alone, best[:, 0], none)
+
+
+def _scaled(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """Steps 1 and 2 of the convention, in float32."""
+    x = logits.float()
     if temperature != 1.0:  # x / 1.0 is x, bit for bit: the pass (and its backward) is waste
         x = x / temperature
     if 0 < top_k < x.shape[-1]:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1.0:
-        x = _nucleus(x, top_p)
-    return torch.log_softmax(x, dim=-1)
+    return x
 
 
 TOP_P_HEAD = 64
@@ -65,6 +89,13 @@ TOP_P_HEAD = 64
 A nucleus almost always ends within the 64 most likely tokens, and finding those costs a
 few hundred microseconds where sorting 151,936 logits costs tens of milliseconds; a row
 whose nucleus is wider is sorted whole."""
+
+
+def _alone(rows: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's largest logit, its index, and whether that token alone holds `top_p`."""
+    top, best = rows.max(dim=-1, keepdim=True)
+    alone = torch.exp(top - torch.logsumexp(rows, dim=-1, keepdim=True))[:, 0] >= top_p
+    return top, best, alone
 
 
 def _nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -77,8 +108,7 @@ def _nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
     for among the `TOP_P_HEAD` most likely tokens; only a wider nucleus sorts the row.
     """
     rows = x.reshape(-1, x.shape[-1])
-    top, best = rows.max(dim=-1, keepdim=True)
-    alone = torch.exp(top - torch.logsumexp(rows, dim=-1, keepdim=True))[:, 0] >= top_p
+    top, best, alone = _alone(rows, top_p)
     out = torch.full_like(rows, float("-inf")).scatter_(-1, best, top)
     if not bool(alone.all()):
         rest = ~alone
@@ -139,6 +169,33 @@ def sample_rows(
 def _sample_chunk(
     x: torch.Tensor, rows: Sequence[RowParams], generator: torch.Generator
 ) -> tuple[list[int], list[float]]:
+    # Every row draws its uniform, certain or not, so a seeded stream does not depend on
+    # which of its tokens were certain.
+    draws = torch.stack([torch.rand((), generator=r.generator or generator) for r in rows])
+    settings = {_settings(r) for r in rows}
+    if len(settings) == 1:  # the usual chunk: one request's settings, or a run's
+        ids = certain_tokens(x, *settings.pop()).tolist()
+    else:
+        ids = [int(certain_tokens(x[i : i + 1], *_settings(r))[0]) for i, r in enumerate(rows)]
+    lps = [0.0] * len(rows)  # a certain token is drawn with logprob exactly 0
+    open_rows = [i for i, token in enumerate(ids) if token < 0]
+    if len(open_rows) == len(rows):
+        return _draw(x, rows, draws)
+    if open_rows:
+        drawn, logps = _draw(x[open_rows], [rows[i] for i in open_rows], draws[open_rows])
+        for i, token, lp in zip(open_rows, drawn, logps, strict=True):
+            ids[i], lps[i] = token, lp
+    return ids, lps
+
+
+def _settings(row: RowParams) -> tuple[float, int, float]:
+    return row.temperature, row.top_k, row.top_p
+
+
+def _draw(
+    x: torch.Tensor, rows: Sequence[RowParams], draws: torch.Tensor
+) -> tuple[list[int], list[float]]:
+    """Rows with more than one possible token: inverse CDF on their processed logprobs."""
     logp = torch.empty_like(x)
     for i, row in enumerate(rows):
         if row.temperature > 0 and (0 < row.top_k < x.shape[-1] or row.top_p < 1.0):
@@ -148,7 +205,6 @@ def _sample_chunk(
             scaled = x[i] if row.temperature in (0.0, 1.0) else x[i] / row.temperature
             torch.log_softmax(scaled, -1, out=logp[i])
     cdf = torch.exp(logp).cumsum_(dim=-1)
-    draws = torch.stack([torch.rand((), generator=r.generator or generator) for r in rows])
     targets = (draws.to(x.device) * cdf[:, -1])[:, None]
     sampled = torch.searchsorted(cdf, targets, right=True)[:, 0].clamp(max=x.shape[-1] - 1)
     greedy = torch.tensor([r.temperature <= 0 for r in rows], device=x.device)

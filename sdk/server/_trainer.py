@@ -393,7 +393,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group.update(lr=p.lr, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay)
         norms = [torch.linalg.vector_norm(q.grad) for q in params if q.grad is not None]
-        norm = float(torch.linalg.vector_norm(torch.stack(norms)))
+        # No gradient at all: every trained token was certain under a top-p cut.
+        norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
         if not math.isfinite(norm):
             held = self._discard_gradients()
             raise TrainingGradientsLost(

@@ -5,7 +5,7 @@ a row trained nothing."""
 from __future__ import annotations
 
 from plies import PolicyRef
-from plies.recipes.blackjack import RunLog
+from plies.recipes.blackjack import BUDGETS, RunLog
 from plies.recipes.blackjack.config import MAX_IDLE_BATCHES
 from plies.recipes.blackjack.report import (
     REFUSALS,
@@ -53,23 +53,27 @@ def test_a_step_line_says_what_was_set_aside_while_the_batch_filled():
     assert line.endswith(f"6 set aside while the batch filled (5 tied, 1 {REFUSALS['stale']})")
 
 
-def test_the_idle_streak_counts_groups_since_the_last_trained_step(tmp_path):
+def test_the_idle_streak_counts_episodes_since_the_last_trained_step(tmp_path):
+    """A certain group (one member played) weighs one episode; a group set aside by a log
+    older than the count, or in a batch that trained nothing, weighs a full group."""
     log = RunLog(tmp_path / "metrics.jsonl")
-    assert idle_streak(log) == 0
+    assert idle_streak(log, 16) == 0
     log.write("skipped", step=0, groups=["train-0"])
-    log.write("set_aside", step=0, groups=["train-1"], reason="tied")
+    log.write("set_aside", step=0, groups=["train-1"], reason="tied", episodes=16)
     log.write("step", step=0, groups=["train-2"])
-    log.write("set_aside", step=1, groups=["train-3"], reason="tied")
-    log.write("set_aside", step=1, groups=["train-4"], reason="stale")
-    assert set_aside_counts(log) == {"tied": 1, "stale": 1}
+    log.write("set_aside", step=1, groups=["train-3"], reason="tied", episodes=16)
+    log.write("set_aside", step=1, groups=["train-4"], reason="certain", episodes=1)
+    assert set_aside_counts(log) == {"tied": 1, "certain": 1}
     log.write("step_begin", step=1, groups=["train-5", "train-6"])
     log.write("skipped", step=1, groups=["train-5", "train-6"])
     assert set_aside_counts(log) == {}  # the next batch starts empty
-    log.write("set_aside", step=1, groups=["train-7"], reason="tied")
+    log.write("set_aside", step=1, groups=["train-7"], reason="stale")  # an older log
     log.write("eval", label="curve", step=1)
     log.close()
     again = RunLog(tmp_path / "metrics.jsonl")  # a resumed run counts the same
-    assert idle_streak(again) == 5
-    assert set_aside_counts(again) == {"tied": 1}
-    assert f"{MAX_IDLE_BATCHES * 8} groups in a row" in stopped_line(1, 8)
+    assert idle_streak(again, 16) == 16 + 1 + 2 * 16 + 16
+    assert set_aside_counts(again) == {"stale": 1}
+    budget = BUDGETS["default"]
+    assert budget.max_idle_episodes == MAX_IDLE_BATCHES * 4 * 16
+    assert "320 episodes in a row" in stopped_line(1, budget.max_idle_episodes)
     again.close()

@@ -222,3 +222,57 @@ async def test_an_episode_that_settled_its_own_record_gets_the_driver_s_ids_on_a
         0.5,
     )
     assert (returned[0].task_id, returned[0].group_id) == ("elsewhere", "")
+
+
+@pytest.mark.anyio
+async def test_a_deterministic_group_whose_first_member_was_certain_plays_only_it():
+    """Member 0 plays first; a certain one (every logprob exactly 0) completes the group
+    alone, an uncertain one starts the others; a group not marked deterministic, or whose
+    first member was cancelled, plays every member."""
+    events: list[tuple[str, str, int]] = []
+
+    async def episode(ctx):
+        events.append(("start", ctx.group_id, ctx.index))
+        await anyio.sleep(0.01 if ctx.task != "slow" else 60)
+        events.append(("end", ctx.group_id, ctx.index))
+        sure = ctx.task in ("sure", "slow")
+        ctx.add_turn(
+            Turn(prompt_ids=[1, 2], completion_ids=[3, 4], logprobs=[0.0, 0.0 if sure else -0.5],
+                 finish_reason="stop", policy=REF)
+        )  # fmt: skip
+        return ctx.trajectory
+
+    specs = {
+        "probe-sure": GroupSpec("t", size=4, task="sure", id="probe-sure", deterministic=True),
+        "probe-unsure": GroupSpec(
+            "t", size=4, task="unsure", id="probe-unsure", deterministic=True
+        ),
+        "plain-sure": GroupSpec("t", size=4, task="sure", id="plain-sure"),
+    }
+    async with (
+        RolloutResources(pools=[EnvPool(make)]) as res,
+        RolloutDriver(res, episode, policy=REF, max_groups_in_flight=None) as driver,
+    ):
+        for spec in specs.values():
+            await driver.admit(spec)
+        await driver.stop()
+        groups = {g.id: g for g in driver.collect()}
+        stats = driver.poll()
+    assert {k: (g.size, len(g.trajectories)) for k, g in groups.items()} == {
+        "probe-sure": (1, 1), "probe-unsure": (4, 4), "plain-sure": (4, 4),
+    }  # fmt: skip
+    assert all(t.status is Status.COMPLETED for g in groups.values() for t in g.trajectories)
+    assert stats.admitted == stats.settled[Status.COMPLETED] == 9
+    unsure = [(kind, i) for kind, g, i in events if g == "probe-unsure"]
+    assert unsure[:3] == [("start", 0), ("end", 0), ("start", 1)] and len(unsure) == 8
+
+    async with (
+        RolloutResources(pools=[EnvPool(make)]) as res,
+        RolloutDriver(res, episode, policy=REF) as driver,
+    ):
+        await driver.admit(GroupSpec("t", size=3, task="slow", id="cut", deterministic=True))
+        await anyio.sleep(0.05)
+        driver.cancel()
+        await driver.wait_drained()
+        (cut,) = driver.collect()
+    assert cut.size == 3 and [t.status for t in cut.trajectories] == [Status.CANCELLED] * 3

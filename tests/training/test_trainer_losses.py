@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from plies.server import processed_logprobs
+from plies.server import PolicyStore, processed_logprobs
 from plies.server._losses import batch_loss
 from plies.server._sampling import TOP_P_HEAD
-from plies.training import Datum, TrainingBatch
+from plies.server._trainer import Trainer
+from plies.training import AdamParams, Datum, TrainingBatch
+from plies.wire import ForwardBackwardRequest, OptimStepRequest
 
 TEMPERATURE = 0.7
 
@@ -184,6 +187,94 @@ def test_top_p_keeps_the_smallest_head_of_mass_narrow_or_wide(top_p):
     for row, x in zip(logp, logits, strict=True):
         assert_nucleus(row, x, top_p)
     assert int(torch.isfinite(logp[1]).sum()) > TOP_P_HEAD
+
+
+def sampled_top_p_batch(model, top_p: float, noise: float, seed: int = 0) -> TrainingBatch:
+    """Three sequences whose masked tokens are drawn left to right from the cut distribution,
+    as the sampler draws them, with the sampler's logprobs plus noise."""
+    rng = random.Random(seed)
+    data = []
+    for n in (19, 26, 23):
+        tokens = [rng.randrange(151_000) for _ in range(n)]
+        mask = [0] * 4 + [1] * (n - 4)
+        logprobs, advantages = [0.0] * n, [0.0] * n
+        for i in range(4, n):
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([tokens[:i]])).logits[0, -1]
+            logp = processed_logprobs(logits, TEMPERATURE, top_p=top_p)
+            kept = torch.isfinite(logp).nonzero()[:, 0].tolist()
+            tokens[i] = rng.choice(kept)
+            logprobs[i] = float(logp[tokens[i]]) + rng.uniform(-noise, noise)
+            advantages[i] = rng.choice([-1.5, -0.5, 0.75, 2.0])
+        data.append(Datum(tokens=tokens, mask=mask, logprobs=logprobs, advantages=advantages))
+    return TrainingBatch(data=data, temperature=TEMPERATURE, top_p=top_p)
+
+
+@pytest.mark.parametrize("loss", ["importance_sampling", "ppo"])
+def test_top_p_rows_with_one_certain_token_skip_the_gradient_path_exactly(model_dir, loss):
+    """A row whose most likely token alone holds top_p has logprob 0 and no gradient, so the
+    trainer keeps it out of the head's gradient pass; loss, entropy and every gradient are
+    those of the cut distribution over full logits, row by row."""
+    ours, reference = load(model_dir), load(model_dir)
+    for model in (ours, reference):  # sharpen the random model: about half the rows certain
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(70.0)
+    top_p = 0.8
+    batch = sampled_top_p_batch(reference, top_p, noise=0.3)
+    grad_rows = []
+    ours.get_output_embeddings().register_forward_hook(
+        lambda mod, args, out: grad_rows.append(args[0].shape[0]) if out.requires_grad else None
+    )
+    metrics = batch_loss(ours, batch, loss, clip_low=0.1, clip_high=0.15)
+
+    terms, entropies, certain = [], [], 0
+    for d in batch.data:
+        logits = reference(input_ids=torch.tensor([d.tokens])).logits[0]
+        logp = processed_logprobs(logits, TEMPERATURE, top_p=top_p)
+        for i in range(1, len(d.tokens)):
+            if d.mask[i]:
+                row = logp[i - 1]
+                certain += int(torch.isfinite(row).sum()) == 1
+                kept = row[torch.isfinite(row)]
+                entropies.append(float(-(kept.exp() * kept).sum().detach()))
+                ratio = torch.exp(row[d.tokens[i]] - d.logprobs[i])
+                a = d.advantages[i]
+                clipped = torch.clamp(ratio, 0.9, 1.15)
+                terms.append(
+                    -ratio * a
+                    if loss == "importance_sampling"
+                    else -torch.min(ratio * a, clipped * a)
+                )
+    expected = torch.stack(terms).sum() / len(terms)
+    expected.backward()
+
+    assert 0 < certain < batch.loss_tokens
+    assert sum(grad_rows) == batch.loss_tokens - certain
+    assert metrics["loss"] == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    assert metrics["entropy"] == pytest.approx(sum(entropies) / len(entropies), rel=1e-4)
+    for (name, p), q in zip(ours.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_a_batch_of_only_certain_rows_adds_no_gradient_and_steps_nothing(tmp_path, model_dir):
+    """Every trained token alone in its nucleus: the loss is a constant, no backward runs,
+    and the optimizer step that follows reports a gradient norm of 0 and changes no weight
+    (a real GRPO run met such a micro-batch at top_p 0.8 and failed its step)."""
+    trainer = Trainer.open(tmp_path, PolicyStore.open(tmp_path, model_dir))
+    with torch.no_grad():
+        trainer.model.get_output_embeddings().weight.mul_(70.0)
+    batch = sampled_top_p_batch(trainer.model, 0.05, noise=0.0)
+    assert {lp for d in batch.data for lp, m in zip(d.logprobs, d.mask, strict=True) if m} == {0.0}
+    kept = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    fb = trainer.forward_backward(ForwardBackwardRequest(op_id="fb", batch=batch, loss="ppo"))
+    assert math.isfinite(fb.metrics["loss"]) and fb.metrics["entropy"] == 0.0
+    assert all(p.grad is None for p in trainer.model.parameters())
+    step = trainer.optim_step(
+        OptimStepRequest(op_id="step", adam=AdamParams(lr=1e-2), forward_backward_ops=["fb"])
+    )
+    assert step.metrics["grad_norm"] == 0.0
+    for name, w in trainer.model.state_dict().items():
+        assert torch.equal(w, kept[name]), name
 
 
 def test_bad_datum_is_refused_naming_the_problem():

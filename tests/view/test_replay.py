@@ -14,8 +14,10 @@ import pytest
 from smoke_run import ENV, demo_test
 
 from plies import Trajectory
+from plies.policy import SamplingParams
 from plies.runtime import JsonlSink, read_groups
 from plies.testing import plies_command
+from plies.view import sampling_of
 
 TURN = re.compile(
     r"member (\d+) turn (\d+) policy v(\d+): (\d+)/(\d+) tokens, "
@@ -59,7 +61,11 @@ def test_replay_reproduces_every_turn_of_a_recorded_group(demo_run):
     ]
     assert len(shown) == len(recorded) >= 2
     # The demo samples batch-invariantly and says so: every logprob must come back bit for bit.
-    assert json.loads((demo_run / "run.json").read_text())["sampler"] == {"batch_invariant": True}
+    run = json.loads((demo_run / "run.json").read_text())
+    assert run["sampler"] == {"batch_invariant": True}
+    # What replay re-samples with: the harness's own sampling, as the run recorded it.
+    assert sampling_of(demo_run) == SamplingParams.model_validate(run["sampling"])
+    assert (run["sampling"]["temperature"], run["sampling"]["top_p"]) == (1.0, 0.99)
     for match, (m, k, turn) in zip(shown, recorded, strict=True):
         assert (int(match[1]), int(match[2]), int(match[3])) == (m, k, turn.policy.version)
         assert int(match[4]) == int(match[5]) == len(turn.completion_ids)
@@ -111,6 +117,18 @@ def test_replay_says_when_a_turn_is_not_what_was_sampled(demo_run, tmp_path):
 
 
 @demo_test
+def test_a_run_recorded_before_its_sampling_is_replayed_from_its_budget(tmp_path):
+    """Older Blackjack runs recorded only their budget: temperature 1, the budget's token cap
+    and its top_p, or the whole vocabulary for a run older than the field."""
+    budget = {"max_new_tokens": 32, "top_p": 0.9}
+    for recorded, top_p in ((budget, 0.9), ({"max_new_tokens": 32}, 1.0)):
+        (tmp_path / "run.json").write_text(json.dumps({"budget": recorded}))
+        assert sampling_of(tmp_path) == SamplingParams(max_tokens=32, temperature=1.0, top_p=top_p)
+    sampling = {"max_tokens": 7, "temperature": 0.5, "top_p": 0.8}
+    (tmp_path / "run.json").write_text(json.dumps({"budget": budget, "sampling": sampling}))
+    assert sampling_of(tmp_path) == SamplingParams(**sampling)
+
+
 def test_replay_refuses_what_the_run_does_not_hold(demo_run, tmp_path):
     result = plies_replay(demo_run, "--group", "no-such-group")
     assert result.returncode == 2

@@ -40,11 +40,12 @@ no longer served because no group in flight can still sample from them.
 """
 
 MAX_IDLE_BATCHES = 5
-"""Batches' worth of groups in a row (`MAX_IDLE_BATCHES * groups_per_step`) that may train
-nothing before GRPO stops early. A group trains nothing when it is refused by the checks or
-tied (its members all scored alike, so every advantage is 0); it is set aside and another is
-sampled. That many in a row means the policy has stopped exploring, and more sampling would
-not change that."""
+"""Batches' worth of episodes in a row (`Budget.max_idle_episodes`) that may train nothing
+before GRPO stops early. A group trains nothing when it is refused by the checks, tied (its
+members all scored alike, so every advantage is 0) or certain (one member played, every token
+drawn with certainty); it is set aside and another is sampled. Counted in episodes, so a
+certain group, one episode, weighs what it cost: that much sampling in a row without a
+signal means the policy has stopped exploring, and more would not change that."""
 
 DEFAULT_KEEP_POLICIES = MAX_STALENESS + 1
 """Published GRPO policies a run keeps on disk by default: the newest, which a resume and the
@@ -133,6 +134,11 @@ class Budget:
         return self.warm_lr if step < self.warm_steps else self.warm_tail_lr
 
     @property
+    def max_idle_episodes(self) -> int:
+        """Episodes in a row that may train nothing before GRPO stops (`MAX_IDLE_BATCHES`)."""
+        return MAX_IDLE_BATCHES * self.groups_per_step * self.group_size
+
+    @property
     def groups_in_flight(self) -> int:
         """The driver's bound on groups admitted ahead of training (staleness by pacing)."""
         return MAX_STALENESS * self.groups_per_step
@@ -201,8 +207,8 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
             warm_hands=1024, warm_steps=500, warm_batch=16, warm_lr=3e-3,
             grpo_steps=45, groups_per_step=4, group_size=16, lr=1e-3,
             eval_hands=2000, curve_every=10, curve_hands=200,
-            warm_players="thresholds", advantages="state_contrast", contrast_share=0.5,
-            top_p=0.9,
+            warm_players="thresholds", advantages="state_contrast", contrast_share=1.0,
+            top_p=0.8,
         ),
         "quick": Budget(
             warm_hands=512, warm_steps=120, warm_batch=8, warm_lr=3e-2,
@@ -218,9 +224,9 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
 )  # fmt: skip
 """The presets. `default` is the flagship, each choice measured in docs/training.md: a slow
 warm start on threshold players, so the decision reads the total; GRPO at a slow rate with
-half the shared share of the update removed, so it does not collapse to always-stand; and
-nucleus sampling at 0.9, so the call's format cannot leak into the vocabulary's tail and a
-state the policy is sure of is played the same way every time. `quick` and `smoke` keep the
+the shared share of the update removed, so it does not collapse to always-stand; and nucleus
+sampling at 0.8, so the call's format cannot leak into the vocabulary's tail and a state the
+policy is sure of is played the same way every time. `quick` and `smoke` keep the
 fast warm start of random play: a look at the loop and a test of it, not a strategy."""
 
 

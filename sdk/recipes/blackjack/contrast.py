@@ -9,8 +9,9 @@ it subtracts from each decision token's advantage a multiple of `1[hit] - p_hit`
 that the sum over the batch is zero. What is left credits a decision only against the others
 in the batch, so it can move the hit rate from one state to another but not all together.
 It is an action-dependent baseline, so it is not an unbiased policy gradient. The default
-budget removes half the shared share (`contrast_share` 0.5): measured against group
-advantages there, it kept hitting low totals where they drifted to stand (docs/training.md).
+budget removes all of it (`contrast_share` 1): with nucleus sampling at 0.8 the cut plays the
+ends of the chart, and a run that removed half drifted to stand everywhere late in its
+steps, where this one kept hitting low totals (docs/training.md).
 """
 
 from __future__ import annotations

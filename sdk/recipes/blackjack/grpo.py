@@ -23,7 +23,7 @@ from plies.runtime import GroupSpec, JsonlSink, RolloutDriver, read_groups
 from plies.training import Trainer, grpo_advantages, training_batch, training_groups
 from plies.wire import served_name
 
-from .config import MAX_IDLE_BATCHES, MAX_STALENESS, TRAIN_SEEDS, Budget
+from .config import MAX_STALENESS, TRAIN_SEEDS, Budget
 from .contrast import DecisionTokens, decision_tokens, state_contrast
 from .evaluation import evaluate
 from .report import idle_streak, set_aside_counts, step_line, stopped_line
@@ -111,14 +111,19 @@ async def retrain(
     return info
 
 
-def set_aside_reason(group: Group, policy: PolicyRef) -> str | None:
-    """Why `group` cannot teach the next step (refused by the checks, or "tied"), else None.
+def set_aside_reason(group: Group, policy: PolicyRef, group_size: int) -> str | None:
+    """Why `group` cannot teach the next step (refused by the checks, "certain" or "tied"),
+    else None.
 
     Groups are judged as they arrive, so a batch is filled with groups that carry a signal
     (dynamic sampling, as DAPO does): once the policy plays most deals one way, most groups
     tie, and a batch of the first `groups_per_step` groups trained on one or two of them,
-    a step as large as a full batch's driven by a group or two's noise.
+    a step as large as a full batch's driven by a group or two's noise. A "certain" group
+    holds one member, every token of it drawn with certainty: the driver did not play the
+    others, which would have repeated it (`GroupSpec.deterministic`).
     """
+    if group.size == 1 < group_size:
+        return "certain"
     selection = training_groups([group], policy=policy, max_staleness=MAX_STALENESS)
     if selection.refused:
         return selection.refused[0].reason.value
@@ -135,6 +140,7 @@ def _train_spec(index: int, budget: Budget) -> GroupSpec:
         size=budget.group_size,
         task=Task(id=task_id, seed=TRAIN_SEEDS + index),
         id=task_id,
+        deterministic=True,  # a hand is its deal and its calls: a certain member is them all
     )
 
 
@@ -177,7 +183,10 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
     """
     budget = run.budget
     step = len(run.log.all("step"))
-    if step >= budget.grpo_steps or idle_streak(run.log) >= MAX_IDLE_BATCHES:
+    if (
+        step >= budget.grpo_steps
+        or idle_streak(run.log, budget.group_size) >= budget.max_idle_episodes
+    ):
         return
     if _curve_due(budget, step):  # cut off by Ctrl-C after its step was logged
         await evaluate(run, policy, budget.curve_hands, "curve", step)
@@ -207,11 +216,11 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                     index += 1
 
             def stop_if_idle() -> bool:
-                """Stop sampling once `MAX_IDLE_BATCHES` batches' worth of groups in a row
+                """Stop sampling once `MAX_IDLE_BATCHES` batches' worth of episodes in a row
                 trained nothing; True if so."""
-                if idle_streak(run.log) < MAX_IDLE_BATCHES * budget.groups_per_step:
+                if idle_streak(run.log, budget.group_size) < budget.max_idle_episodes:
                     return False
-                run.console.print(stopped_line(step, budget.groups_per_step))
+                run.console.print(stopped_line(step, budget.max_idle_episodes))
                 driver.cancel()
                 return True
 
@@ -221,9 +230,12 @@ async def grpo(run: RunState, policy: PolicyRef) -> None:
                 async for group in driver.groups():
                     if run.interrupts.count or step >= budget.grpo_steps or stopped:
                         continue  # drained groups are on disk; a resumed run trains them
-                    why = set_aside_reason(group, policy)
+                    why = set_aside_reason(group, policy, budget.group_size)
                     if why is not None:
-                        run.log.write("set_aside", step=step, groups=[group.id], reason=why)
+                        run.log.write(
+                            "set_aside", step=step, groups=[group.id], reason=why,
+                            episodes=group.size,
+                        )  # fmt: skip
                         stopped = stop_if_idle()
                         continue
                     waiting.append(group)

@@ -19,7 +19,6 @@ from plies import PolicyRef
 
 from .config import (
     ALWAYS_STAND_RETURN,
-    MAX_IDLE_BATCHES,
     MAX_STALENESS,
     OPTIMAL_RETURN,
     RANDOM_RETURN,
@@ -236,24 +235,25 @@ def step_line(
     return f"step {step} -> policy v{policy.version}: {'; '.join(parts)}"
 
 
-def stopped_line(step: int, groups_per_step: int) -> str:
+def stopped_line(step: int, episodes: int) -> str:
     """Why GRPO ended before its budget of steps."""
     return (
-        f"GRPO stopped at step {step}: {MAX_IDLE_BATCHES * groups_per_step} groups in a row "
-        "trained nothing (all tied or refused), so the policy has stopped exploring; the final "
+        f"GRPO stopped at step {step}: {episodes} episodes in a row trained nothing (their "
+        "groups all tied, certain or refused), so the policy has stopped exploring; the final "
         "evaluation follows"
     )
 
 
-def idle_streak(log: RunLog) -> int:
-    """Groups that trained nothing since the last step that trained (resumes included):
-    set aside as they arrived, or in a batch that trained nothing."""
+def idle_streak(log: RunLog, group_size: int) -> int:
+    """Episodes that trained nothing since the last step that trained (resumes included):
+    their groups set aside as they arrived, or in a batch that trained nothing. A record
+    without its episodes (a batch, or a log older than the field) held full groups."""
     streak = 0
     for record in reversed(log.records):
         if record["kind"] == "step":
             break
         if record["kind"] in ("skipped", "set_aside"):
-            streak += len(record["groups"])
+            streak += record.get("episodes", len(record["groups"]) * group_size)
     return streak
 
 

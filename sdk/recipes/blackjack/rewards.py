@@ -15,7 +15,7 @@ from plies.tokens import ChatRenderer
 
 from .config import SYSTEM_PROMPT, Budget
 
-__all__ = ["FORFEIT", "FORFEIT_REWARDS", "harness_for_budget"]
+__all__ = ["FORFEIT", "FORFEIT_REWARDS", "harness_for_budget", "sampling_for_budget"]
 
 FORFEIT = -1.0
 """The reward of a hand the model did not finish (ill-formed call, or out of tokens or turns):
@@ -32,16 +32,22 @@ A truncated hand is scored flat rather than by what the tools paid (a hit that d
 pays 0), so running out of turns is never better than standing."""
 
 
+def sampling_for_budget(budget: Budget) -> SamplingParams:
+    """How every turn of a run is sampled: temperature 1 and the budget's `top_p` (GRPO's
+    batches say both, so the trainer's logprobs match the sampler's), within the budget's
+    tokens. `run.json` records it, so `plies replay` re-samples with exactly this."""
+    return SamplingParams(max_tokens=budget.max_new_tokens, temperature=1.0, top_p=budget.top_p)
+
+
 def harness_for_budget(
     renderer: ChatRenderer, policy: PolicyClient, budget: Budget
 ) -> ToolCallingHarness:
-    """The recipe's harness: one tool call a turn, sampled at temperature 1 and the budget's
-    `top_p` (GRPO's batches say both, so the trainer's logprobs match the sampler's), within
-    the budget's tokens and turns, scored by `FORFEIT_REWARDS`."""
+    """The recipe's harness: one tool call a turn, sampled by `sampling_for_budget`, within
+    the budget's turns, scored by `FORFEIT_REWARDS`."""
     return ToolCallingHarness(
         renderer,
         policy,
-        SamplingParams(max_tokens=budget.max_new_tokens, temperature=1.0, top_p=budget.top_p),
+        sampling_for_budget(budget),
         limits=EpisodeLimits(max_turns=budget.max_turns),
         system_prompt=SYSTEM_PROMPT,
         rewards=FORFEIT_REWARDS,

@@ -51,7 +51,7 @@ from .evaluation import evaluate
 from .grpo import grpo
 from .progress import RunProgress
 from .report import print_result, write_summary
-from .rewards import harness_for_budget
+from .rewards import harness_for_budget, sampling_for_budget
 from .runlog import RunLog
 from .state import Interrupted, RunState
 from .trainers import open_clients
@@ -164,7 +164,13 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
         # Atomic: a crash mid-write must not leave a run.json that no resume can read.
         # What sampled the run's turns: only the embedded server's are bit-reproducible.
         sampler = {"batch_invariant": BATCH_INVARIANT and config.trainer == "native"}
-        record = {"config": config.key(), "budget": budget, "sampler": sampler}
+        sampling = sampling_for_budget(config.plan).model_dump(mode="json")
+        record = {
+            "config": config.key(),
+            "budget": budget,
+            "sampler": sampler,
+            "sampling": sampling,
+        }
         write_atomic(run_file, json.dumps(record).encode())
         return
     try:
