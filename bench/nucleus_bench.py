@@ -12,8 +12,9 @@ thin tail over the 151,936-token vocabulary) and a decision token (hit and stand
    `top_p` against no cut. A format token alone in its nucleus is drawn without the cut's
    vocabulary-wide passes.
 3. With `--run DIR` (a `plies demo blackjack` run), the trainer (`batch_loss`, the call a
-   training step makes) on GRPO groups of that run, by the policy that sampled them: at the
-   run's `top_p` against no cut. Rows alone in their nucleus stay out of the gradient pass.
+   training step makes) on the groups one GRPO step of that run trained, by the policy that
+   sampled them: at the run's `top_p` against no cut. Rows alone in their nucleus stay out of
+   the gradient pass.
 
     python bench/nucleus_bench.py [--repeats 200] [--threads 1] [--run DIR]
 """
@@ -63,24 +64,33 @@ def sampler_ms(x: torch.Tensor, top_p: float, repeats: int) -> float:
 
 
 def trainer(run: Path, repeats: int) -> None:
-    """`batch_loss` on four GRPO groups of `run`, by the policy that sampled them."""
+    """`batch_loss` on the groups of `run`'s last GRPO step whose policies are still on
+    disk (a step's batch, as the run trained it), by the newest of those policies."""
     from transformers import AutoModelForCausalLM
 
     from plies.training import training_batch
     from plies.trajectory import Group
 
     top_p = json.loads((run / "run.json").read_text())["budget"]["top_p"]
-    groups = [Group.model_validate_json(line) for line in (run / "groups.jsonl").open()]
+    groups = {g.id: g for g in map(Group.model_validate_json, (run / "groups.jsonl").open())}
+    steps = [r for r in map(json.loads, (run / "metrics.jsonl").open()) if r["kind"] == "step"]
     policies = run / "server" / "policies"
     kept = {int(p.name) for p in policies.iterdir() if p.name.isdigit()}
-    by = [g for g in groups if {p.version for t in g.trajectories for p in t.policies} <= kept]
-    by = by[-4:]
-    if len(by) < 4:
-        raise SystemExit(f"{run}: fewer than 4 groups sampled by a policy still on disk")
+    batches = [[groups[i] for i in s["groups"]] for s in reversed(steps)]
+    by = next(
+        (
+            b
+            for b in batches
+            if {p.version for g in b for t in g.trajectories for p in t.policies} <= kept
+        ),
+        None,
+    )
+    if by is None:
+        raise SystemExit(f"{run}: no GRPO step whose groups' policies are still on disk")
     version = max(p.version for g in by for t in g.trajectories for p in t.policies)
     model = AutoModelForCausalLM.from_pretrained(policies / str(version))
     signs = [[(-1.0) ** (i + j) for j in range(len(g.trajectories))] for i, g in enumerate(by)]
-    print(f"\ntrainer: batch_loss on 4 groups of {run} (policy v{version}), ms per batch")
+    print(f"\ntrainer: batch_loss on a GRPO step of {run} (policy v{version}), ms per batch")
     times = {}
     for p in (top_p, 1.0):
         batch = training_batch(by, signs, temperature=1.0, top_p=p)
