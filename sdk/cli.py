@@ -7,7 +7,7 @@ dependencies never slow another.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NoReturn
 
 import typer
 
@@ -247,7 +247,7 @@ def demo_blackjack(
     ] = False,
 ) -> None:
     """Warm-start the tiny model, then train it at Blackjack with GRPO (Ctrl-C, then resume)."""
-    from ._exceptions import ConfigError
+    from ._exceptions import PliesError
     from .recipes.blackjack import main
 
     try:
@@ -260,18 +260,31 @@ def demo_blackjack(
             out, budget=budget, env=env, sandbox=sandbox, trainer=trainer, tinker_url=tinker_url,
             keep_policies=keep, settings=settings or (), fresh=fresh,
         )  # fmt: skip
-    except ConfigError as err:
+    except PliesError as err:
+        _demo_stopped(err)
+    except BaseExceptionGroup as group:  # found once the job runs (a Tinker URL that is wrong)
+        ours, rest = group.split(PliesError)
+        if ours is None or rest is not None:
+            raise
+        while isinstance(ours, BaseExceptionGroup):
+            ours = ours.exceptions[0]
+        _demo_stopped(ours)
+    raise typer.Exit(code)
+
+
+def _demo_stopped(err: BaseException) -> NoReturn:
+    """One line for a run that plies stopped: exit 2 for options or input that are wrong, 1
+    for a failure met while running (its directory keeps what was recorded)."""
+    from ._exceptions import ConfigError
+
+    if isinstance(err, ConfigError):
         typer.echo(f"plies demo: {err}", err=True)
         raise typer.Exit(2) from None
-    except BaseExceptionGroup as group:  # found once the job runs (a Tinker URL that is wrong)
-        config, rest = group.split(ConfigError)
-        if config is None or rest is not None:
-            raise
-        while isinstance(config, BaseExceptionGroup):
-            config = config.exceptions[0]
-        typer.echo(f"plies demo: {config}", err=True)
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
+    typer.echo(
+        f"plies demo: stopped: {err} (the run directory keeps what was recorded)",
+        err=True,
+    )
+    raise typer.Exit(1) from None
 
 
 @app.command("view")

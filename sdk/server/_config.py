@@ -26,6 +26,16 @@ class TrainerConfig(BaseModel):
         default=16384, ge=1, description="Most padded tokens per micro-batch forward."
     )
     keep_checkpoints: int = Field(default=1, ge=1, description="Checkpoints kept on disk.")
+    checkpoint_seconds: float = Field(
+        default=30.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "Least time between checkpoints of model and optimizer (0: at every optim_step). "
+            "Steps in between are journaled with their batches and redone on reopen, so this "
+            "bounds the redo, not what survives a crash."
+        ),
+    )
 
 
 class TinkerConfig(BaseModel):

@@ -3,10 +3,14 @@
 - `journal.jsonl`: one fsynced line per applied op (id, kind, request digest, result),
   written before the answer is sent. An op without a line was never applied; a torn last
   line is an op that crashed before it was answered, so reading cuts it off (and says so).
-- `checkpoints/<step>/` + `CURRENT`: model and optimizer state, written (and fsynced) at
-  every `optim_step` before its journal line, with that line inside (`meta.json`), so a crash
-  between the two is repaired on reopen. A crash mid-checkpoint leaves a `.tmp-*` directory,
-  removed on reopen.
+- `batches/<digest>.json`: each forward_backward request since the last checkpoint, written
+  (and fsynced) before its journal line: what a reopened trainer redoes.
+- `checkpoints/<step>/` + `CURRENT`: model and optimizer state, written (and fsynced) every
+  `TrainerConfig.checkpoint_seconds` at an `optim_step`, before its journal line and with that
+  line inside (`meta.json`), so a crash between the two is repaired on reopen. The steps
+  journaled after it are redone from their batches. A crash mid-checkpoint leaves a `.tmp-*`
+  directory, removed on reopen.
+- `base`: the policy version the trainer started from, read while no checkpoint exists.
 - `generation`: bumped each time the trainer opens, so results name the process lifetime
   that holds their gradients.
 """
@@ -26,7 +30,7 @@ import torch
 from .._durable import append_line, fsync_dir, fsync_tree, write_atomic
 from .._exceptions import TrainingError
 
-__all__ = ["Checkpoints", "Journal", "bump_generation"]
+__all__ = ["Batches", "Checkpoints", "Journal", "bump_generation"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +99,50 @@ def _record(path: Path, number: int, line: bytes, required: tuple[str, ...]) -> 
             "the trainer state is damaged: restore it or start from a new --state-dir"
         )
     return record
+
+
+class Batches:
+    """The forward_backward requests a reopened trainer may have to redo, named by digest.
+
+    A checkpoint of model and optimizer is 3x the model; a batch is a few hundred kilobytes.
+    Writing the batches at every op and the checkpoint only now and then keeps each step's
+    durable write to the size of its data, and a reopen redoes the few steps in between.
+    """
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, digest: str, body: bytes) -> None:
+        """Durably hold `body` under `digest` (the same request twice is one file)."""
+        write_atomic(self._path(digest), body)
+
+    def read(self, digest: str) -> bytes:
+        """The request held under `digest`.
+
+        Raises:
+            TrainingError: it is missing, so a journaled step cannot be redone.
+        """
+        path = self._path(digest)
+        if not path.exists():
+            raise TrainingError(
+                f"{path} is missing: a journaled step cannot be redone and the trainer state "
+                "is damaged; restore it from a backup or start from a new --state-dir"
+            )
+        return path.read_bytes()
+
+    def keep_only(self, digests: set[str]) -> None:
+        """Remove every batch but those of `digests` (the ones a reopen could still need)."""
+        kept = {self._path(d).name for d in digests}
+        for old in self.root.iterdir():
+            if old.name not in kept:
+                old.unlink(missing_ok=True)
+
+    def _path(self, digest: str) -> Path:
+        name = digest.removeprefix("sha256:")
+        if not name.isalnum():
+            raise TrainingError(f"journal digest {digest!r} is not a sha256 digest; it is damaged")
+        return self.root / f"{name}.json"
 
 
 class Checkpoints:

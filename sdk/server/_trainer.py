@@ -1,15 +1,18 @@
 """The reference trainer: AdamW steps, published snapshots, and exactly-once ops.
 
-Exactly-once rests on three durable things under `STATE_DIR/trainer/` (`_journal.py`): the
-op journal, checkpoints written at every `optim_step` before its journal line, and a
-generation bumped each time the trainer opens. Gradients live only in memory, so a
-forward_backward journaled in an earlier generation and not consumed by an optim_step is
-`lost`, and an optim_step steps only when the gradients it holds are exactly the ops the
-client names. A step is never taken on partial gradients, and a lost one is never reported
-as applied. Nor is a step taken on numbers that are not finite: each forward_backward's loss
-and gradients are checked on their own before they join the pending ones, and an optim_step
-whose gradient norm is not finite leaves the weights as they were. The losses themselves are
-in `_losses.py`.
+Exactly-once rests on four durable things under `STATE_DIR/trainer/` (`_journal.py`): the
+op journal, each forward_backward's batch written before its journal line, checkpoints
+written every `checkpoint_seconds` at an `optim_step`, and a generation bumped each time the
+trainer opens. A reopened trainer loads the last checkpoint and redoes the steps journaled
+after it from their batches, so every step it answered is in its weights.
+
+Gradients live only in memory, so a forward_backward journaled in an earlier generation and
+not consumed by an optim_step is `lost`, and an optim_step steps only when the gradients it
+holds are exactly the ops the client names. A step is never taken on partial gradients, and a
+lost one is never reported as applied. Nor is a step taken on numbers that are not finite:
+each forward_backward's loss and gradients are checked on their own before they join the
+pending ones, and an optim_step whose gradient norm is not finite leaves the weights as they
+were. The losses themselves are in `_losses.py`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,12 +31,13 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from .._durable import write_atomic
 from .._exceptions import ConfigError, TrainingError, TrainingGradientsLost
 from ..trajectory import PolicyRef
 from ..wire import training as wire
 from ._config import TrainerConfig
 from ._faults import FaultPoint, Faults
-from ._journal import Checkpoints, Journal, bump_generation
+from ._journal import Batches, Checkpoints, Journal, bump_generation
 from ._losses import batch_loss
 from ._policies import PolicyStore
 
@@ -54,6 +59,18 @@ class TrainerBroken(TrainingError):
     """The trainer could not persist its state; only a restart from the state dir is safe."""
 
 
+def _base_version(path: Path, store: PolicyStore) -> int:
+    """The policy version a trainer with no checkpoint yet starts from: the store's latest
+    when it first opened, kept in `path`, so that a reopen redoes its steps on the same
+    weights even after it published a newer version."""
+    if not path.exists():
+        write_atomic(path, f"{store.latest().version}\n".encode())
+    try:
+        return int(path.read_text())
+    except ValueError:
+        raise TrainingError(f"{path} does not hold a policy version; it is damaged") from None
+
+
 def _digest(request: BaseModel) -> str:
     """What an op id stands for. An optim_step's op list is the sender's bookkeeping, not its
     meaning, so a resumed script that lost that list still gets its step's original answer."""
@@ -64,8 +81,9 @@ def _digest(request: BaseModel) -> str:
 class Trainer:
     """Training state of one server process. Methods are blocking; call them one at a time.
 
-    Use `Trainer.open(state_dir, store)`: it loads the last checkpoint (or the store's latest
-    policy), reads the journal, and starts a new generation.
+    Use `Trainer.open(state_dir, store)`: it loads the last checkpoint (or the policy it
+    started from), reads the journal, redoes the steps journaled since, and starts a new
+    generation.
 
     Example:
         trainer = Trainer.open(state_dir, store)
@@ -87,6 +105,7 @@ class Trainer:
         self.config = config
         self.journal = Journal(root / "journal.jsonl")
         self.checkpoints = Checkpoints(root / "checkpoints")
+        self.batches = Batches(root / "batches")
         self._faults = faults
         self.generation = 0
         self.step = 0
@@ -100,6 +119,7 @@ class Trainer:
         self._pending: list[str] = []
         self._pending_tokens = 0
         self._broken: str | None = None
+        self._checkpointed_at = time.monotonic()
         self._lock = threading.Lock()
 
     @classmethod
@@ -125,7 +145,7 @@ class Trainer:
         self.generation = bump_generation(root / "generation")
 
         ckpt = self.checkpoints.current()
-        source = ckpt if ckpt is not None else store.path(store.latest().version)
+        source = ckpt if ckpt is not None else store.path(_base_version(root / "base", store))
         self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         self.model.eval()  # no dropout: the sampler's distribution, gradients still flow
         if getattr(self.model.config, "final_logit_softcapping", None):
@@ -139,12 +159,14 @@ class Trainer:
             if opt_file.exists():
                 self.optimizer = torch.optim.AdamW(self.model.parameters())
                 self.optimizer.load_state_dict(torch.load(opt_file, weights_only=True))
-        for record in self.journal.read():
+        records = self.journal.read()
+        for record in records:
             self._index(record)
         last = meta.get("record")
         if last is not None and last["op_id"] not in self._records:
             log.warning("journal lacked optim_step %s found in its checkpoint; restored", last)
             self._append(last)
+        self._redo(records)
         log.info(
             "trainer open: generation %d, step %d, %d ops journaled",
             self.generation,
@@ -181,36 +203,20 @@ class Trainer:
                 if bad:
                     raise ConfigError(f"datum {k}: token id {bad[0]} >= vocabulary size {vocab}")
             self._reach("before_apply")
-            held = self._set_aside_gradients()
             try:
-                metrics = batch_loss(
-                    self.model,
-                    req.batch,
-                    req.loss,
-                    clip_low=req.clip_low,
-                    clip_high=req.clip_high,
-                    max_head_rows=self.config.max_head_rows,
-                    max_micro_tokens=self.config.max_micro_tokens,
-                )
-                if not (math.isfinite(metrics["loss"]) and self._gradients_finite()):
-                    self._restore_gradients(held)
-                    raise NonFiniteLoss(
-                        f"forward_backward {req.op_id}: the loss ({metrics['loss']}) or its "
-                        "gradients are not finite; nothing was accumulated and the pending "
-                        "gradients are kept. Check the batch's logprobs, advantages and "
-                        "sampling parameters"
-                    )
-                self._add_gradients(held)
+                metrics = self._accumulate(req)
                 result = wire.ForwardBackwardResult(
                     op_id=req.op_id, generation=self.generation, step=self.step, metrics=metrics
                 )
+                digest = _digest(req)
+                self.batches.write(digest, req.model_dump_json().encode())
                 self._pending.append(req.op_id)
                 self._pending_tokens += req.batch.loss_tokens
                 self._append(
                     {
                         "op_id": req.op_id,
                         "kind": wire.OpKind.FORWARD_BACKWARD.value,
-                        "digest": _digest(req),
+                        "digest": digest,
                         "generation": self.generation,
                         "step": self.step,
                         "result": result.model_dump(mode="json"),
@@ -265,10 +271,11 @@ class Trainer:
                 "generation": self.generation,
                 "step": self.step,
                 "consumed": list(self._pending),
+                "adam": req.adam.model_dump(mode="json"),
                 "result": result.model_dump(mode="json"),
             }
-            self._persist(record)
             self._pending, self._pending_tokens = [], 0
+            self._persist(record)
             return result
 
     def save_policy(self, req: wire.SavePolicyRequest) -> wire.SavePolicyResult:
@@ -350,6 +357,88 @@ class Trainer:
             return wire.OpStatus.PENDING
         return wire.OpStatus.LOST
 
+    def _accumulate(self, req: wire.ForwardBackwardRequest) -> dict[str, float]:
+        """Add the gradients of `req`'s batch to the pending ones, checked on their own first.
+
+        Raises:
+            NonFiniteLoss: its loss or gradients are not finite; the pending ones are kept.
+        """
+        held = self._set_aside_gradients()
+        metrics = batch_loss(
+            self.model,
+            req.batch,
+            req.loss,
+            clip_low=req.clip_low,
+            clip_high=req.clip_high,
+            max_head_rows=self.config.max_head_rows,
+            max_micro_tokens=self.config.max_micro_tokens,
+        )
+        if not (math.isfinite(metrics["loss"]) and self._gradients_finite()):
+            self._restore_gradients(held)
+            raise NonFiniteLoss(
+                f"forward_backward {req.op_id}: the loss ({metrics['loss']}) or its "
+                "gradients are not finite; nothing was accumulated and the pending "
+                "gradients are kept. Check the batch's logprobs, advantages and "
+                "sampling parameters"
+            )
+        self._add_gradients(held)
+        return metrics
+
+    def _redo(self, records: list[dict[str, Any]]) -> None:
+        """Take again, from their batches, the steps journaled after the loaded checkpoint.
+
+        Each is the same computation on the same weights in the same order, so on the same
+        machine it lands on the same weights; a gradient norm that differs from the one
+        answered is logged (the step is still applied exactly once).
+
+        Raises:
+            TrainingError: a step cannot be redone (its batch or its record is damaged).
+        """
+        optim = wire.OpKind.OPTIM_STEP.value
+        steps = [r for r in records if r["kind"] == optim and r["step"] > self.step]
+        if not steps:
+            return
+        digests = {
+            r["op_id"]: r["digest"]
+            for r in records
+            if r["kind"] == wire.OpKind.FORWARD_BACKWARD.value
+        }
+        started = time.monotonic()
+        for record in steps:
+            if "adam" not in record or record["step"] != self.step + 1:
+                raise TrainingError(
+                    f"journaled optim_step {record['op_id']} (step {record['step']}) cannot be "
+                    f"redone on the checkpoint of step {self.step}; the trainer state is damaged"
+                )
+            for op_id in record["consumed"]:
+                body = self.batches.read(digests[op_id])
+                fb = wire.ForwardBackwardRequest.model_validate_json(body)
+                self._accumulate(fb)
+                self._pending.append(op_id)
+                self._pending_tokens += fb.batch.loss_tokens
+            req = wire.OptimStepRequest(
+                op_id=record["op_id"],
+                adam=wire.AdamParams.model_validate(record["adam"]),
+                forward_backward_ops=record["consumed"],
+            )
+            norm = self._apply_adam(req)["grad_norm"]
+            self._pending, self._pending_tokens = [], 0
+            if norm != record["result"]["metrics"]["grad_norm"]:
+                log.warning(
+                    "redone step %d: gradient norm %r, answered %r (another machine or thread "
+                    "count?); the step is applied once either way",
+                    self.step,
+                    norm,
+                    record["result"]["metrics"]["grad_norm"],
+                )
+        log.info(
+            "redid steps %d-%d from their journaled batches in %.1f s",
+            steps[0]["step"],
+            self.step,
+            time.monotonic() - started,
+        )
+        self._checkpoint(steps[-1])
+
     def _set_aside_gradients(self) -> list[torch.Tensor | None]:
         """Take the pending gradients off the parameters, so one op's can be checked alone."""
         held = []
@@ -415,9 +504,12 @@ class Trainer:
         }
 
     def _persist(self, record: dict[str, Any]) -> None:
-        """Checkpoint model + optimizer with `record` inside, then journal the record."""
+        """Journal the optim_step `record`, checkpointing first (with `record` inside) when
+        `checkpoint_seconds` have passed since the last checkpoint."""
         try:
-            self.checkpoints.write(self.step, self.model, self.optimizer, record)
+            due = time.monotonic() - self._checkpointed_at >= self.config.checkpoint_seconds
+            if due:
+                self._checkpoint(record)
             self._append(record)
         except Exception as exc:
             self._broken = (
@@ -425,7 +517,14 @@ class Trainer:
                 "state dir (it resumes from the last durable step)"
             )
             raise TrainerBroken(self._broken) from exc
+
+    def _checkpoint(self, record: dict[str, Any]) -> None:
+        """Write model + optimizer as of `record`'s step; older checkpoints and the batches
+        it covers are no longer needed."""
+        self.checkpoints.write(self.step, self.model, self.optimizer, record)
+        self._checkpointed_at = time.monotonic()
         self.checkpoints.prune(self.step, self.config.keep_checkpoints)
+        self.batches.keep_only({self._records[op]["digest"] for op in self._pending})
 
     def _append(self, record: dict[str, Any]) -> None:
         self.journal.append(record)

@@ -183,7 +183,7 @@ def _warm_step(op_id: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1300)  # the waits below bound it; the default 300 s cannot
-def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_checkpoint(tmp_path):
+def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_applied_step(tmp_path):
     out = tmp_path / "run"
     proc = demo(out)
     deadline = time.monotonic() + 900
@@ -201,10 +201,15 @@ def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_checkpoint
     done = len(applied)
     assert applied == [f"warm-{k}-opt" for k in range(done)]
     first_generation = max(r["generation"] for r in _journal(out))
+    current = out / "server" / "trainer" / "checkpoints" / "CURRENT"
+    checkpointed = int(current.read_text()) if current.exists() else 0
 
     rc = wait(demo(out), out, 900)
     log = (tmp_path / "run.log").read_text(errors="replace")
     assert rc == 0, log[-3000:]
+    if checkpointed < done:  # the steps since the trainer's checkpoint were redone, not lost
+        server_log = (out / "server.log").read_text(errors="replace")
+        assert f"redid steps {checkpointed + 1}-{done} from their journaled batches" in server_log
     assert [r["step"] for r in records(out, "warm_resume")] == [done]
     assert f"warm start: resuming at step {done} of" in log
     # The resumed run sent no step the first had applied: every op it sent is a later one.
@@ -230,6 +235,24 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*DEMO, *args], capture_output=True, text=True, env=smoke_run.ENV, timeout=120
     )  # fmt: skip
+
+
+def test_a_failure_met_while_running_is_one_line_and_exit_1_and_the_run_is_kept(tmp_path):
+    """A damaged trainer state: the server refuses to open its trainer, and the demo stops."""
+    out = tmp_path / "run"
+    _made_run(out, "smoke")
+    saved = (out / "run.json").read_text()
+    journal = out / "server" / "trainer" / "journal.jsonl"
+    journal.parent.mkdir(parents=True)
+    journal.write_text("not a record\n")
+    done = _cli("--out", str(out), "--budget", "smoke")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]  # after the resume's progress lines
+    assert line.startswith("plies demo: stopped: trainer answered HTTP 503")
+    assert "journal.jsonl:1 is not a journal record" in line
+    assert (out / "run.json").read_text() == saved
+    assert journal.read_text() == "not a record\n"
 
 
 def test_the_full_demo_after_the_quick_one_in_the_same_dir_says_what_to_do(tmp_path):

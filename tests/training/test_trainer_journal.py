@@ -13,7 +13,8 @@ import torch
 from training_batches import random_batch
 
 from plies import ConfigError, TrainingGradientsLost
-from plies.server import PolicyStore, weights_digest
+from plies import TrainingError
+from plies.server import PolicyStore, TrainerConfig, weights_digest
 from plies.server._trainer import OpConflict, Trainer
 from plies.training import AdamParams, OpStatus, TrainingBatch
 from plies.wire import ForwardBackwardRequest, OptimStepRequest, SavePolicyRequest
@@ -115,7 +116,7 @@ def test_restart_loses_gradients_loudly_and_keeps_every_applied_step(state):
 
 def test_reopen_repairs_a_crash_between_checkpoint_and_journal(state):
     state_dir, store = state
-    trainer = Trainer.open(state_dir, store)
+    trainer = Trainer.open(state_dir, store, TrainerConfig(checkpoint_seconds=0))
     trainer.forward_backward(fb("a"))
     done = trainer.optim_step(step("s1", ["a"]))
     journal = state_dir / "trainer" / "journal.jsonl"
@@ -129,6 +130,50 @@ def test_reopen_repairs_a_crash_between_checkpoint_and_journal(state):
     assert record.status is OpStatus.APPLIED and record.result == done.model_dump(mode="json")
     assert reopened.op("a").status is OpStatus.APPLIED
     assert [json.loads(x)["op_id"] for x in journal.read_text().splitlines()] == ["a", "s1"]
+
+
+def test_reopen_redoes_the_steps_since_its_checkpoint_from_their_batches(state):
+    state_dir, store = state
+    trainer = Trainer.open(state_dir, store)  # the default: no checkpoint within 30 s
+    trainer.forward_backward(fb("a"))
+    trainer.forward_backward(fb("b", seed=1))
+    first = trainer.optim_step(step("s1", ["a", "b"]))
+    published = trainer.save_policy(SavePolicyRequest(op_id="save-1")).policy
+    trainer.forward_backward(fb("c", seed=2))
+    second = trainer.optim_step(step("s2", ["c"]))
+    trainer.forward_backward(fb("d", seed=3))  # pending: lost with the "process"
+    stepped = weights(trainer)
+    moments = trainer.optimizer.state_dict()["state"]
+    assert trainer.checkpoints.current() is None
+    assert len(list((state_dir / "trainer" / "batches").iterdir())) == 4
+
+    # Redone on the weights it started from (version 0), not on the version it published.
+    reopened = Trainer.open(state_dir, store)
+    assert reopened.step == 2
+    assert all(torch.equal(stepped[k], v) for k, v in weights(reopened).items())
+    for k, v in reopened.optimizer.state_dict()["state"].items():
+        assert torch.equal(v["exp_avg"], moments[k]["exp_avg"])
+        assert torch.equal(v["exp_avg_sq"], moments[k]["exp_avg_sq"])
+    assert reopened.op("s1").result == first.model_dump(mode="json")
+    assert reopened.op("s2").result == second.model_dump(mode="json")
+    assert reopened.op("d").status is OpStatus.LOST
+    assert reopened.state().policy == published
+    # The redo ends in a checkpoint, which covers every batch but none is pending.
+    assert reopened.checkpoints.current().name == "2"
+    assert list((state_dir / "trainer" / "batches").iterdir()) == []
+    again = Trainer.open(state_dir, store)
+    assert all(torch.equal(stepped[k], v) for k, v in weights(again).items())
+
+
+def test_a_step_whose_batch_is_missing_is_refused_at_reopen_not_skipped(state):
+    state_dir, store = state
+    trainer = Trainer.open(state_dir, store)
+    trainer.forward_backward(fb("a"))
+    trainer.optim_step(step("s1", ["a"]))
+    for held in (state_dir / "trainer" / "batches").iterdir():
+        held.unlink()
+    with pytest.raises(TrainingError, match="missing: a journaled step cannot be redone"):
+        Trainer.open(state_dir, store)
 
 
 def test_save_policy_publishes_immutable_versions_exactly_once(state):

@@ -339,7 +339,7 @@ async def _warm_start(run: RunState) -> dict[str, Any]:
         run.log.write("warm_resume", step=start)
         run.console.print(
             f"warm start: resuming at step {start} of {budget.warm_total} "
-            "(the trainer's last checkpoint)"
+            "(every step the trainer applied)"
         )
     else:
         run.console.print(

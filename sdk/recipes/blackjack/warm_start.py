@@ -124,8 +124,9 @@ async def train_step(
 async def applied_steps(trainer: Trainer) -> int:
     """Optimizer steps the trainer's weights already hold: where a cut-off warm start resumes.
 
-    `plies serve` checkpoints its weights and optimizer at every `optim_step` and reopens
-    from the last one, so after a Ctrl-C or a crash the count is every step it applied. A
+    `plies serve` journals every `optim_step` with its batches and reopens from its last
+    checkpoint with the steps since redone, so after a Ctrl-C or a crash the count is every
+    step it applied. A
     Tinker training run is created anew unless it resumes from a saved policy, so there it
     is the steps behind that policy (0 before the warm start saved one).
     """
@@ -150,7 +151,7 @@ async def warm_start(
 
     Each step's op ids name the step, so running it again after a crash repeats nothing.
     `start` is the number of steps the trainer already applied (`applied_steps`): a warm
-    start cut off by Ctrl-C continues from its last checkpoint rather than from step 0.
+    start cut off by Ctrl-C continues from its last applied step rather than from step 0.
     """
     for step in range(start, budget.warm_total):
         first = (step * budget.warm_batch) % len(data)
