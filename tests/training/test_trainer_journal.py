@@ -12,8 +12,7 @@ import pytest
 import torch
 from training_batches import random_batch
 
-from plies import ConfigError, TrainingGradientsLost
-from plies import TrainingError
+from plies import ConfigError, TrainingError, TrainingGradientsLost
 from plies.server import PolicyStore, TrainerConfig, weights_digest
 from plies.server._trainer import OpConflict, Trainer
 from plies.training import AdamParams, OpStatus, TrainingBatch
