@@ -389,8 +389,11 @@ class ShardedDriver(DriverBase):
             self._writer.report_changed()  # rewritten before the groups below are handed out
         for text in batch.groups:
             group = _tag_group(shard.index, Group.model_validate_json(text))
-            if shard.held.pop(group.id, None) is None:
+            held = shard.held.pop(group.id, None)
+            if held is None:
                 continue  # already settled here (the shard was counted lost meanwhile)
+            # A deterministic group whose first member was certain played only that one.
+            self._admitted -= held[0].size - group.size
             for traj in group.trajectories:
                 shard.received[traj.status or Status.FAILED] += 1
             self._handout.add(group, self.sink)

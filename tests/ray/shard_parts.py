@@ -37,8 +37,9 @@ class StandInPolicy:
         self.url = url
         self.http = http
 
-    async def sample(self, delay: float) -> dict[str, Any]:
-        r = await self.http.get(f"{self.url}/sample", params={"s": delay, "n": TOKENS})
+    async def sample(self, delay: float, sure: bool = False) -> dict[str, Any]:
+        params = {"s": delay, "n": TOKENS, "sure": int(sure)}
+        r = await self.http.get(f"{self.url}/sample", params=params)
         return r.raise_for_status().json()
 
     async def op(self, delay: float) -> None:
@@ -62,14 +63,17 @@ async def make_session() -> Session:
     return Session()
 
 
-def task(turns: int, sample_s: float = 0.01, step_s: float = 0.01) -> dict[str, Any]:
-    return {"turns": turns, "sample_s": sample_s, "step_s": step_s}
+def task(
+    turns: int, sample_s: float = 0.01, step_s: float = 0.01, sure: bool = False
+) -> dict[str, Any]:
+    """An episode's work; `sure`: every token drawn with certainty (logprob 0)."""
+    return {"turns": turns, "sample_s": sample_s, "step_s": step_s, "sure": sure}
 
 
 async def episode(ctx: EpisodeContext) -> Trajectory:
     async with ctx.borrow("env") as lease:
         for k in range(ctx.task["turns"]):
-            body = await ctx.policy.sample(ctx.task["sample_s"])
+            body = await ctx.policy.sample(ctx.task["sample_s"], ctx.task["sure"])
             ctx.add_turn(
                 Turn(
                     prompt_ids=[7, k],

@@ -101,7 +101,7 @@ async def admit_all(driver: Any, specs: list[GroupSpec]) -> None:
     driver.close_admission()
 
 
-async def run_in_process(url: str, tmp: Path) -> list[Group]:
+async def run_in_process(url: str, tmp: Path, specs: list[GroupSpec] = SPECS) -> list[Group]:
     async with httpx.AsyncClient(timeout=60) as http:
         policy = StandInPolicy(url, http)
         with JsonlSink(tmp / "one.jsonl") as sink:
@@ -110,7 +110,7 @@ async def run_in_process(url: str, tmp: Path) -> list[Group]:
                 RolloutDriver(res, episode, policy=V0, max_groups_in_flight=4, sink=sink) as d,
                 anyio.create_task_group() as tg,
             ):
-                tg.start_soon(admit_all, d, SPECS)
+                tg.start_soon(admit_all, d, specs)
                 return [g async for g in d.groups()]
 
 
@@ -144,6 +144,31 @@ async def test_same_groups_as_one_process(local_ray, policy_url, tmp_path):
     assert sum(s.turns for s in shards) == stats.turns
     report = read_report(tmp_path / "quarantine.json")
     assert report.complete and report.entries == []
+
+
+async def test_a_certain_deterministic_group_is_one_member_and_counted_so(
+    local_ray, policy_url, tmp_path
+):
+    """A deterministic group whose first member drew every token with certainty completes
+    with that member alone, on a shard as in one process, and the head counts one episode."""
+    specs = [
+        GroupSpec(f"task{i}", size=4, task=task(2, sure=i % 2 == 0), id=f"d{i}", deterministic=True)
+        for i in range(6)
+    ]
+    one = await run_in_process(policy_url, tmp_path, specs)
+    async with ShardedDriver(
+        partial(make_shard, policy_url), shards=2, policy=V0, max_groups_in_flight=4
+    ) as d:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(admit_all, d, specs)
+            sharded = [g async for g in d.groups()]
+        stats = d.poll()
+    assert shape(sharded) == shape(one)
+    assert sorted((g.id, g.size, len(g.trajectories)) for g in sharded) == [
+        (f"d{i}", 1 if i % 2 == 0 else 4, 1 if i % 2 == 0 else 4) for i in range(6)
+    ]
+    assert stats.admitted == stats.settled[Status.COMPLETED] == 3 * 1 + 3 * 4
+    assert stats.running == 0 and stats.groups_in_flight == 0
 
 
 async def test_set_policy_fans_out_to_every_shard(local_ray, policy_url, tmp_path):

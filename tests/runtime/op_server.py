@@ -3,7 +3,8 @@
 Run as `python op_server.py`; it prints one JSON line `{"url": ..., "pid": ...}` when ready.
 
 - `GET /op?s=SECONDS`: answer `{"ok": true}` after sleeping.
-- `GET /sample?s=SECONDS&n=TOKENS`: a stand-in completion (ids and logprobs) after sleeping.
+- `GET /sample?s=SECONDS&n=TOKENS[&sure=1]`: a stand-in completion (ids and logprobs, each 0
+  with `sure=1`: drawn with certainty) after sleeping.
 - `POST /shutdown`: exit; with `?hang=1`, never answer (a teardown that hangs).
 """
 
@@ -38,7 +39,8 @@ class Handler(BaseHTTPRequestHandler):
         time.sleep(float(q.get("s", ["0"])[0]))
         if url.path == "/sample":
             n = int(q.get("n", ["3"])[0])
-            self._answer({"ids": list(range(1, n + 1)), "logprobs": [-0.5] * n})
+            logprob = 0.0 if q.get("sure") == ["1"] else -0.5
+            self._answer({"ids": list(range(1, n + 1)), "logprobs": [logprob] * n})
         else:
             self._answer({"ok": True, "pid": os.getpid()})
 
