@@ -77,8 +77,6 @@ def serve(
     )
     if threads:
         torch.set_num_threads(threads)
-    if reuse_freed_memory():
-        log.info("malloc: large blocks come from the heap and freed ones are reused")
     scratch = None
     try:
         if config is None:
@@ -109,6 +107,8 @@ def serve(
         scratch = Path(tempfile.mkdtemp(prefix="plies-serve-"))
         config = config.model_copy(update={"state_dir": scratch})
         log.info("no --state-dir: publishing to %s, removed at exit", scratch)
+    if reuse_freed_memory():
+        log.info("malloc: large blocks come from the heap and freed ones are reused")
     try:
         return anyio.run(_run, config, test_faults, sock)
     finally:
