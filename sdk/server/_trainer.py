@@ -411,6 +411,11 @@ class Trainer:
                     f"redone on the checkpoint of step {self.step}; the trainer state is damaged"
                 )
             for op_id in record["consumed"]:
+                if op_id not in digests:
+                    raise TrainingError(
+                        f"journaled optim_step {record['op_id']} consumed forward_backward "
+                        f"{op_id}, which the journal lacks; the trainer state is damaged"
+                    )
                 body = self.batches.read(digests[op_id])
                 fb = wire.ForwardBackwardRequest.model_validate_json(body)
                 self._accumulate(fb)
