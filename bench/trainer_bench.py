@@ -5,8 +5,10 @@ Blackjack warm start's steps (the recipe's threshold-player transcripts and batc
 `cross_entropy`, AdamW) on the server's `Trainer`:
 
 - durability: a checkpoint of model and optimizer (three copies of the model) at every
-  `optim_step`, against the journaled batches and a checkpoint every
-  `TrainerConfig.checkpoint_seconds` (30 s), with the steps since redone on reopen;
+  `optim_step` (`checkpoint_seconds` 0; the batches are journaled here too, which the old
+  trainer did not do, so "as it was" pays a few hundred kilobytes a step more), against the
+  journaled batches and a checkpoint every `TrainerConfig.checkpoint_seconds` (30 s), with
+  the steps since redone on reopen;
 - memory: glibc mapping every large tensor afresh from the kernel, against the server's
   `reuse_freed_memory`, which serves them from memory already freed.
 
