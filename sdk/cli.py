@@ -227,6 +227,13 @@ def demo_blackjack(
         str | None,
         typer.Option(help="The Tinker service for --trainer tinker (default: TINKER_BASE_URL)."),
     ] = None,
+    sampler: Annotated[
+        Literal["batched", "batch-invariant"],
+        typer.Option(
+            help="batched (the fast one) or batch-invariant (each request decoded alone, so "
+            "plies replay reproduces every logprob bit for bit; about 3x slower sampling)."
+        ),
+    ] = "batched",
     keep_policies: Annotated[
         str,
         typer.Option(
@@ -258,7 +265,7 @@ def demo_blackjack(
     try:
         code = main(
             out, budget=budget, env=env, sandbox=sandbox, trainer=trainer, tinker_url=tinker_url,
-            keep_policies=keep, settings=settings or (), fresh=fresh,
+            sampler=sampler, keep_policies=keep, settings=settings or (), fresh=fresh,
         )  # fmt: skip
     except PliesError as err:
         _demo_stopped(err)

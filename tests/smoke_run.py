@@ -6,8 +6,9 @@ a smoke run is a few minutes of the suite. Its options make every check there bi
 policies kept of three published (so retention removed one), one number changed by `--set`
 (which run.json must record), `state_contrast` advantages, so that `plies replay --train-only`
 re-feeds a step that needs the decision tokens (the default advantages run in the Ctrl-C tests
-and the Tinker demo's), and nucleus sampling, so that it re-feeds a batch that carries its
-top_p.
+and the Tinker demo's), nucleus sampling, so that it re-feeds a batch that carries its top_p,
+and the batch-invariant sampler, so that `plies replay` must get every logprob back bit for bit
+(the default, batched sampler runs in the Ctrl-C tests).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ ARGS = (
     "--budget", "smoke", "--keep-policies", "2",
     "--set", "curve_hands=8", "--set", "advantages=state_contrast",
     "--set", "contrast_share=0.5", "--set", "warm_tail_steps=2", "--set", "warm_tail_lr=1e-2",
-    "--set", "top_p=0.99",
+    "--set", "top_p=0.99", "--sampler", "batch-invariant",
 )  # fmt: skip
 """`plies demo blackjack` options of the shared run (its `--out` aside)."""
 TIMEOUT = 1200

@@ -8,15 +8,15 @@ loaded from the run directory into a fresh reference server on CPU, one request 
 What comes back equal depends on how the run sampled, which `run.json` records
 (`sampler.batch_invariant`):
 
-- batch-invariant (`plies serve --batch-invariant`, what `plies demo blackjack` runs): every
+- batch-invariant (`plies serve --batch-invariant`; `plies demo --sampler batch-invariant`): every
   request was decoded alone, as replay decodes it, so tokens and logprobs are equal bit for
   bit, and a logprob that is not is a failure (measured on a smoke run, every group
   replayed: 52 of 52 turns bit for bit);
-- batched (the server's default): the run decoded each request in a batch with others (left
-  padding, other rows), and a float32 matmul or attention sum over another batch rounds
-  differently, so the tokens come back equal but the logprobs only to float32 rounding
-  (measured on a smoke run: 53 of 53 turns' tokens equal, logprobs within 4e-6, 11 of 53 bit
-  for bit). The report says, per turn, how far they are.
+- batched (the default of the server and of `plies demo`): the run decoded each request in
+  a batch with others (left padding, other rows), and a float32 matmul or attention sum over
+  another batch rounds differently, so the tokens come back equal but the logprobs only to
+  float32 rounding (measured on a smoke run: 53 of 53 turns' tokens equal, logprobs within
+  4e-6, 11 of 53 bit for bit). The report says, per turn, how far they are.
 
 `--train-only` re-feeds a recorded training step instead (`_train_replay.py`).
 """

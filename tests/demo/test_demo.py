@@ -162,6 +162,30 @@ def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
         if group.id not in completed:
             assert group.policy.version >= last["version"]
     assert json.loads((out / "summary.json").read_text())["complete"]
+    _replays_its_tokens(out)
+
+
+def _replays_its_tokens(out: Path) -> None:
+    """A run of the default, batched sampler: `plies replay` gets a group's tokens back, and
+    its logprobs to float32 rounding (another batch rounds a row otherwise)."""
+    assert json.loads((out / "run.json").read_text())["sampler"] == {"batch_invariant": False}
+    kept = set(json.loads((out / "retention.json").read_text())["kept"])
+    group = next(
+        g
+        for g in read_groups(out / "groups.jsonl").records
+        if {t.policy.version for traj in g.trajectories for t in traj.turns} <= kept
+    )
+    done = subprocess.run(
+        plies_command("replay", str(out), "--group", group.id),
+        capture_output=True, text=True, env=smoke_run.ENV, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    *turns, total = done.stdout.strip().splitlines()
+    n = sum(len(traj.turns) for traj in group.trajectories)
+    assert len(turns) == n and total == f"{n} of {n} turns reproduced", done.stdout
+    for line in turns:
+        difference, same = line.rsplit("max |logprob difference| ", 1)[1].split(": ")
+        assert same in ("exact", "tokens equal") and float(difference) < 1e-4, line
 
 
 def _batches(out: Path) -> list[dict]:
@@ -226,7 +250,10 @@ def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_applied_st
 def _made_run(out: Path, budget: str) -> None:
     """A run directory as `--budget BUDGET` leaves it once it has started."""
     out.mkdir(parents=True)
-    key = {"budget": budget, "env": "local", "sandbox": "none", "trainer": "native"}
+    key = {
+        "budget": budget, "env": "local", "sandbox": "none", "trainer": "native",
+        "sampler": "batched",
+    }  # fmt: skip
     saved = {"config": key, "budget": dataclasses.asdict(BUDGETS[budget])}
     (out / "run.json").write_text(json.dumps(saved))
 
@@ -267,6 +294,28 @@ def test_the_full_demo_after_the_quick_one_in_the_same_dir_says_what_to_do(tmp_p
     assert "--budget quick, not --budget default" in line
     assert f"--out {out}-default" in line and "--fresh" in line
     assert json.loads((out / "run.json").read_text())["config"]["budget"] == "quick"
+
+
+def test_a_run_resumed_with_the_other_sampler_is_refused_in_one_line(tmp_path):
+    """A run's turns are sampled one way throughout, or `plies replay` could not say how
+    exact each one is; a run recorded before `--sampler` resumes as it sampled."""
+    out = tmp_path / "run"
+    _made_run(out, "smoke")  # batched, the default
+    done = _cli("--out", str(out), "--budget", "smoke", "--sampler", "batch-invariant")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "--sampler batched, not --sampler batch-invariant" in done.stderr
+    assert "resume it with --sampler batched" in done.stderr
+
+    older = tmp_path / "older"
+    _made_run(older, "smoke")
+    saved = json.loads((older / "run.json").read_text())
+    del saved["config"]["sampler"]
+    saved["sampler"] = {"batch_invariant": True}  # what every run sampled by before
+    (older / "run.json").write_text(json.dumps(saved))
+    done = _cli("--out", str(older), "--budget", "smoke")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "resume it with --sampler batch-invariant" in done.stderr
+    assert json.loads((older / "run.json").read_text()) == saved
 
 
 def test_a_budget_whose_numbers_changed_is_refused_in_one_line(tmp_path):

@@ -123,6 +123,10 @@ def test_a_tinker_service_that_is_down_misnamed_or_asked_for_top_p_is_one_line_a
         (["--trainer", "tinker", "--tinker-url", closed], "no Tinker service answers"),
         (["--tinker-url", closed], "--tinker-url is the service of --trainer tinker"),
         (["--trainer", "tinker", "--set", "top_p=0.9"], "top_p is 0.9: add --set top_p=1"),
+        (
+            ["--trainer", "tinker", "--sampler", "batch-invariant"],
+            "--sampler batch-invariant is for --trainer native",
+        ),
     ):
         argv = [*DEMO, "--out", str(tmp_path / "run"), "--budget", "smoke", *extra]
         done = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=300)

@@ -174,6 +174,19 @@ def recorded_budget(saved: Mapping[str, Any]) -> dict[str, Any]:
     return {**defaults, **saved}
 
 
+def recorded_config(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A `run.json`'s options (`DemoConfig.key`), with `sampler` read from what it sampled by.
+
+    A run recorded before `--sampler` existed was decoded batch-invariantly when its
+    `sampler` record says so (the demo's old default), so that is what resuming it needs.
+    """
+    config = dict(record["config"])
+    if "sampler" not in config:
+        invariant = (record.get("sampler") or {}).get("batch_invariant") is True
+        config["sampler"] = "batch-invariant" if invariant else "batched"
+    return config
+
+
 def budget_with(name: str, settings: Sequence[str]) -> Budget:
     """`BUDGETS[name]` with each `FIELD=VALUE` of `--set` applied, for research runs.
 
@@ -235,6 +248,12 @@ SandboxName = Literal["none", "local", "e2b"]
 TrainerName = Literal["native", "tinker"]
 """`native`: plies' training wire and vLLM-style sampling on the embedded `plies serve`;
 `tinker`: the Tinker API (its training and sampling clients) on that server or any service."""
+SamplerName = Literal["batched", "batch-invariant"]
+"""How the embedded server decodes. `batched`: requests of one policy share each forward
+pass, as vLLM batches them; `plies replay` gets every token back, and logprobs to float32
+rounding. `batch-invariant` (`plies serve --batch-invariant`): each request is decoded alone,
+so replay reproduces every logprob bit for bit, at a third of the evaluations' speed
+(docs/training.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +271,7 @@ class DemoConfig:
     trainer: TrainerName = "native"
     tinker_url: str | None = None
     """The Tinker service (`--tinker-url`); None: the embedded `plies serve`'s Tinker API."""
+    sampler: SamplerName = "batched"
     keep_policies: int | None = DEFAULT_KEEP_POLICIES
     """Newest GRPO policies kept on disk (`--keep-policies`); None keeps every one. Not part
     of `key()`: it changes what stays on disk, not what the run computes."""
@@ -267,11 +287,17 @@ class DemoConfig:
             ("env", self.env, get_args(EnvName)),
             ("sandbox", self.sandbox, get_args(SandboxName)),
             ("trainer", self.trainer, get_args(TrainerName)),
+            ("sampler", self.sampler, get_args(SamplerName)),
         ):
             if value not in known:
                 raise ConfigError(f"unknown --{option} {value!r}; known: {', '.join(known)}")
         if self.tinker_url is not None and self.trainer != "tinker":
             raise ConfigError("--tinker-url is the service of --trainer tinker; add that")
+        if self.trainer == "tinker" and self.sampler == "batch-invariant":
+            raise ConfigError(
+                "--sampler batch-invariant is for --trainer native: the Tinker API's turns are "
+                "sampled by its service, which plies replay cannot reproduce bit for bit"
+            )
         if self.trainer == "tinker" and self.plan.top_p != 1.0:
             raise ConfigError(
                 f"--trainer tinker samples the whole vocabulary (the Tinker API's losses take "
@@ -295,4 +321,5 @@ class DemoConfig:
             "env": self.env,
             "sandbox": self.sandbox,
             "trainer": self.trainer,
+            "sampler": self.sampler,
         }

@@ -43,9 +43,11 @@ from .config import (
     TEMPLATE_KWARGS,
     DemoConfig,
     EnvName,
+    SamplerName,
     SandboxName,
     TrainerName,
     recorded_budget,
+    recorded_config,
 )
 from .evaluation import evaluate
 from .grpo import grpo
@@ -69,22 +71,17 @@ Serving = AbstractAsyncContextManager[ServerProcess[Process]]
 """A server started on entry and stopped on exit."""
 
 
-BATCH_INVARIANT = True
-"""The embedded server decodes each request alone (`plies serve --batch-invariant`), so
-`plies replay` reproduces every sampled logprob bit for bit; `run.json` records it. It costs
-a half to three quarters of the sampler's tokens/s at concurrency 8 to 32
-(bench/sampler_bench.py)."""
-
-
 QUIET_LIBRARIES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 """Added to the server's environment: without them transformers draws a tqdm bar into
 `server.log` each time a policy is saved or loaded, and repeats its advisories there."""
 
 
-def policy_server(model_dir: Path, state_dir: Path, log: Path) -> Serving:
+def policy_server(
+    model_dir: Path, state_dir: Path, log: Path, *, batch_invariant: bool = False
+) -> Serving:
     """`plies serve MODEL_DIR --state-dir STATE_DIR` on 127.0.0.1, in its own session."""
     argv = plies_command("serve", str(model_dir), "--state-dir", str(state_dir))
-    argv += ["--max-batch-size", "64"] + ["--batch-invariant"] * BATCH_INVARIANT
+    argv += ["--max-batch-size", "64"] + ["--batch-invariant"] * batch_invariant
     return serve_process(argv, log=log, env={**os.environ, **QUIET_LIBRARIES})
 
 
@@ -102,6 +99,7 @@ def main(
     sandbox: SandboxName = "none",
     trainer: TrainerName = "native",
     tinker_url: str | None = None,
+    sampler: SamplerName = "batched",
     keep_policies: int | None = DEFAULT_KEEP_POLICIES,
     settings: Sequence[str] = (),
     fresh: bool = False,
@@ -110,6 +108,7 @@ def main(
 
     `trainer="tinker"` trains and samples through the Tinker API: on `tinker_url` (or
     `TINKER_BASE_URL`, with `TINKER_API_KEY`), else on the embedded server's (`trainers`).
+    `sampler`: how the embedded server decodes (`config.SamplerName`).
     `keep_policies`: the newest GRPO policies kept on disk (None: all; `retention`).
     `settings`: `FIELD=VALUE`s changing the budget's numbers (`config.budget_with`).
     `fresh`: remove the run already in `out` and start over.
@@ -125,6 +124,7 @@ def main(
         sandbox=sandbox,
         trainer=trainer,
         tinker_url=tinker_url,
+        sampler=sampler,
         keep_policies=keep_policies,
         settings=tuple(settings),
     )
@@ -162,8 +162,8 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
     budget = asdict(config.plan)
     if not run_file.exists():
         # Atomic: a crash mid-write must not leave a run.json that no resume can read.
-        # What sampled the run's turns: only the embedded server's are bit-reproducible.
-        sampler = {"batch_invariant": BATCH_INVARIANT and config.trainer == "native"}
+        # What sampled the run's turns, as `plies replay` reads it.
+        sampler = {"batch_invariant": config.sampler == "batch-invariant"}
         sampling = sampling_for_budget(config.plan).model_dump(mode="json")
         record = {
             "config": config.key(),
@@ -175,7 +175,7 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
         return
     try:
         saved = json.loads(run_file.read_text())
-        saved_config, saved_budget = saved["config"], recorded_budget(saved["budget"])
+        saved_config, saved_budget = recorded_config(saved), recorded_budget(saved["budget"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(
             f"{run_file} is not a run record ({type(err).__name__}: {err}); "
@@ -228,13 +228,16 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
     tokenizer = await anyio.to_thread.run_sync(AutoTokenizer.from_pretrained, model_dir)
     renderer = ChatRenderer(tokenizer, template_kwargs=dict(TEMPLATE_KWARGS))
 
+    invariant = config.sampler == "batch-invariant"
     async with AsyncExitStack() as stack:
         stack.callback(log.close)
         stack.enter_context(progress)
         clients = await open_clients(
             config,
             stack,
-            server=lambda: policy_server(model_dir, out / "server", out / "server.log"),
+            server=lambda: policy_server(
+                model_dir, out / "server", out / "server.log", batch_invariant=invariant
+            ),
             model_dir=model_dir,
             tokenizer=tokenizer,
             log=log,
