@@ -74,6 +74,6 @@ def test_the_idle_streak_counts_episodes_since_the_last_trained_step(tmp_path):
     assert idle_streak(again, 16) == 16 + 1 + 2 * 16 + 16
     assert set_aside_counts(again) == {"stale": 1}
     budget = BUDGETS["default"]
-    assert budget.max_idle_episodes == MAX_IDLE_BATCHES * 4 * 16
-    assert "320 episodes in a row" in stopped_line(1, budget.max_idle_episodes)
+    assert budget.max_idle_episodes == MAX_IDLE_BATCHES * 8 * 16
+    assert "640 episodes in a row" in stopped_line(1, budget.max_idle_episodes)
     again.close()

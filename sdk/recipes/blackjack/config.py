@@ -218,7 +218,7 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
     {
         "default": Budget(
             warm_hands=1024, warm_steps=500, warm_batch=16, warm_lr=3e-3,
-            grpo_steps=45, groups_per_step=4, group_size=16, lr=1e-3,
+            grpo_steps=45, groups_per_step=8, group_size=16, lr=1e-3,
             eval_hands=2000, curve_every=10, curve_hands=200,
             warm_players="thresholds", advantages="state_contrast", contrast_share=1.0,
             top_p=0.8,
@@ -237,7 +237,8 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
 )  # fmt: skip
 """The presets. `default` is the flagship, each choice measured in docs/training.md: a slow
 warm start on threshold players, so the decision reads the total; GRPO at a slow rate with
-the shared share of the update removed, so it does not collapse to always-stand; and nucleus
+the shared share of the update removed, so it does not collapse to always-stand, on 8 groups
+of 16 a step, so that the noise of a small batch does not walk the policy off course; and nucleus
 sampling at 0.8, so the call's format cannot leak into the vocabulary's tail and a state the
 policy is sure of is played the same way every time. `quick` and `smoke` keep the
 fast warm start of random play: a look at the loop and a test of it, not a strategy."""
