@@ -253,8 +253,8 @@ SamplerName = Literal["batched", "batch-invariant"]
 """How the embedded server decodes. `batched`: requests of one policy share each forward
 pass, as vLLM batches them; `plies replay` gets every token back, and logprobs to float32
 rounding. `batch-invariant` (`plies serve --batch-invariant`): each request is decoded alone,
-so replay reproduces every logprob bit for bit, at a third of the evaluations' speed
-(docs/training.md)."""
+so replay reproduces every logprob bit for bit, and an evaluation of the default run takes
+2.6x as long (docs/training.md)."""
 
 
 @dataclass(frozen=True, slots=True)
