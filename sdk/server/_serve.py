@@ -168,7 +168,8 @@ async def _run(config: ServerConfig, test_faults: bool, sock: socket.socket) -> 
             "model": served_name(ref.version),
         }
         print(json.dumps(line), flush=True)
-        log.info("ready at %s serving %s", line["url"], line["model"])
+        decoding = "each request alone" if config.batch_invariant else "batched"
+        log.info("ready at %s serving %s, decoding %s", line["url"], line["model"], decoding)
     return 0 if server.started else 1
 
 

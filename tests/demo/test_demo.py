@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import time
@@ -169,6 +170,10 @@ def _replays_its_tokens(out: Path) -> None:
     """A run of the default, batched sampler: `plies replay` gets a group's tokens back, and
     its logprobs to float32 rounding (another batch rounds a row otherwise)."""
     assert json.loads((out / "run.json").read_text())["sampler"] == {"batch_invariant": False}
+    # ...and the server it started did decode batched (each start says how).
+    server_log = (out / "server.log").read_text()
+    starts = re.findall(r"ready at \S+ serving \S+, decoding (.+)", server_log)
+    assert starts and set(starts) == {"batched"}, starts
     kept = set(json.loads((out / "retention.json").read_text())["kept"])
     group = next(
         g

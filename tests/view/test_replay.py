@@ -63,6 +63,10 @@ def test_replay_reproduces_every_turn_of_a_recorded_group(demo_run):
     # The demo samples batch-invariantly and says so: every logprob must come back bit for bit.
     run = json.loads((demo_run / "run.json").read_text())
     assert run["sampler"] == {"batch_invariant": True}
+    server_log = (demo_run / "server.log").read_text()
+    assert set(re.findall(r"ready at \S+ serving \S+, decoding (.+)", server_log)) == {
+        "each request alone"
+    }
     # What replay re-samples with: the harness's own sampling, as the run recorded it.
     assert sampling_of(demo_run) == SamplingParams.model_validate(run["sampling"])
     assert (run["sampling"]["temperature"], run["sampling"]["top_p"]) == (1.0, 0.99)
