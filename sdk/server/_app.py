@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,14 +30,17 @@ log = logging.getLogger("plies.server")
 
 
 def _tinker_service(config: ServerConfig, faults: Faults | None) -> Any:
-    """The Tinker API service, or None when the `tinker` SDK (its protobuf module) is absent."""
-    try:
-        from ._tinker import TinkerService
-    except ImportError as exc:
-        if exc.name is None or not exc.name.startswith("tinker"):
-            raise
+    """The Tinker API service, or None when the `tinker` extra is not installed.
+
+    The routes speak the SDK's own protobuf messages, so they need the SDK and its protobuf
+    runtime, which only `plies[tinker]` installs. Their absence is asked of the import system
+    first: an import error raised inside a present SDK is a real fault and propagates.
+    """
+    if importlib.util.find_spec("tinker") is None:
         log.info("the tinker package is not installed: no Tinker API (pip install 'plies[tinker]')")
         return None
+    from ._tinker import TinkerService
+
     return TinkerService(config, faults)
 
 
