@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..._durable import fsync_dir, fsync_tree, write_atomic
+from .._quote import quoted
 from ._errors import TinkerRequestError
 
 __all__ = [
@@ -71,7 +72,7 @@ def check_name(name: str) -> str:
     """Raises: TinkerRequestError: not a plain checkpoint name (400)."""
     if not NAME.fullmatch(name):
         raise TinkerRequestError(
-            f"checkpoint name {name!r} must be 1-128 letters, digits, '.', '_' or '-', "
+            f"checkpoint name {quoted(name)} must be 1-128 letters, digits, '.', '_' or '-', "
             "not starting with '.'"
         )
     return name
@@ -82,7 +83,7 @@ def parse_tinker_path(path: str) -> CheckpointPath:
     parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
     if len(parts) != 3 or not parts[0] or parts[1] not in _KINDS:
         raise TinkerRequestError(
-            f"{path!r} is not a checkpoint path of this server: "
+            f"{quoted(path)} is not a checkpoint path of this server: "
             "tinker://{model_id}/weights/{name} or tinker://{model_id}/sampler_weights/{name}"
         )
     return CheckpointPath(parts[0], parts[1], check_name(parts[2]))
@@ -154,7 +155,7 @@ class Runs:
         """A run's directory, which may not exist yet."""
         name = run_dir_name(run_id)
         if name in (".", ".."):
-            raise TinkerRequestError(f"{run_id!r} is not a training run id")
+            raise TinkerRequestError(f"{quoted(run_id)} is not a training run id")
         return self.root / name
 
     def create(self, run_id: str, meta: dict[str, Any]) -> Path:
@@ -176,7 +177,7 @@ class Runs:
         file = self.dir(run_id) / RUN_FILE
         record = json.loads(file.read_text()) if file.is_file() else None
         if record is None or record.get("training_run_id") != run_id:
-            raise TinkerRequestError(f"unknown training run {run_id!r}", status=404)
+            raise TinkerRequestError(f"unknown training run {quoted(run_id)}", status=404)
         return record
 
     def all(self) -> list[dict[str, Any]]:
