@@ -31,6 +31,7 @@ from .._quote import quoted
 from ._errors import TinkerRequestError
 
 __all__ = [
+    "MAX_RUN_ID_CHARS",
     "CheckpointPath",
     "Runs",
     "SavedState",
@@ -145,6 +146,10 @@ def read_state(src: Path, *, optimizer: bool = True) -> SavedState:
     return SavedState(meta, trainable, opt)
 
 
+MAX_RUN_ID_CHARS = 200
+"""The longest run (model) id: it names a directory, and file names stop at 255 bytes."""
+
+
 class Runs:
     """The runs under `root` (`STATE_DIR/tinker`), each with its `save_weights` checkpoints."""
 
@@ -154,8 +159,10 @@ class Runs:
     def dir(self, run_id: str) -> Path:
         """A run's directory, which may not exist yet."""
         name = run_dir_name(run_id)
-        if name in (".", ".."):
-            raise TinkerRequestError(f"{quoted(run_id)} is not a training run id")
+        if name in (".", "..") or len(name) > MAX_RUN_ID_CHARS:
+            raise TinkerRequestError(
+                f"{quoted(run_id)} is not a training run id (1 to {MAX_RUN_ID_CHARS} characters)"
+            )
         return self.root / name
 
     def create(self, run_id: str, meta: dict[str, Any]) -> Path:

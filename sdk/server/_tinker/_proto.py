@@ -20,7 +20,6 @@ from ._errors import TinkerRequestError
 __all__ = [
     "LOSS_INPUTS",
     "MASK_LOGPROB",
-    "MAX_INPUT_ELEMENTS",
     "MAX_RESULT_BYTES",
     "SUPPORTED_LOSSES",
     "ForwardBackwardInput",
@@ -70,63 +69,54 @@ class ForwardBackwardInput:
     data: list[TinkerDatum]
 
 
-MAX_INPUT_ELEMENTS = 1 << 23
-"""Loss input values (T or T x K per tensor, summed over a request's datums and tensors) one
-forward_backward may declare: at most 64 MiB built as int64. A sparse tensor's shape is not
-bounded by its bytes (a 185-byte request can declare [7, 2^24]), so the shapes are checked
-against this, the datum's length and the vocabulary before anything is built."""
 MAX_RESULT_BYTES = 16 << 20
-"""The largest forward_backward answer: one float32 logprob per target position. It is held
-as a future and journaled in the tenant's op log (base64), so it is bounded before the work
-runs."""
+"""The largest forward_backward answer: one float32 logprob per target position, summed over
+the request's datums. It is held as a future and journaled in the tenant's op log (base64),
+so the target shapes are checked against it before anything is built: a sparse tensor's
+shape is not bounded by its bytes (a 185-byte request can declare [7, 2^24])."""
 
 
 @dataclass
 class _Budget:
-    """What a request's tensors may still declare, counted before each is built."""
+    """The answer bytes a request's target tensors may still declare."""
 
-    elements: int = MAX_INPUT_ELEMENTS
     result_bytes: int = MAX_RESULT_BYTES
 
-    def take(self, size: int, where: str, *, target: bool) -> None:
-        self.elements -= size
-        if self.elements < 0:
+    def take(self, size: int, where: str) -> None:
+        self.result_bytes -= 4 * size
+        if self.result_bytes < 0:
             raise TinkerRequestError(
-                f"{where}: the request's loss_fn_inputs declare more than "
-                f"{MAX_INPUT_ELEMENTS} values in all"
+                f"{where}: the answer (one float32 per target position) would exceed "
+                f"{MAX_RESULT_BYTES} bytes; send fewer datums or fewer targets per position"
             )
-        if target:
-            self.result_bytes -= 4 * size
-            if self.result_bytes < 0:
-                raise TinkerRequestError(
-                    f"{where}: the answer (one float32 per target position) would exceed "
-                    f"{MAX_RESULT_BYTES} bytes; send fewer datums or fewer targets per position"
-                )
 
 
-def _tensor(
-    msg: pb.Tensor, where: str, rows: int, vocab: int, budget: _Budget, *, target: bool
-) -> np.ndarray:
-    """The tensor `msg` holds, once its declared shape is known to be [rows] or [rows, K]
-    with K within the vocabulary and within the request's budget (checked before building)."""
-    dtype = _NUMPY.get(msg.dtype)
-    if dtype is None:
-        raise TinkerRequestError(f"{where}: unsupported dtype {msg.dtype}")
+def _shape(msg: pb.Tensor, where: str, rows: int, vocab: int) -> list[int]:
+    """The declared shape, if it is [rows] or [rows, K] with 1 <= K <= vocab."""
     if len(msg.shape) not in (1, 2):
         raise TinkerRequestError(
             f"{where}: a tensor of {len(msg.shape)} dimensions is not [T] or [T, K]"
         )
     shape = [int(s) for s in msg.shape]
     if shape[0] != rows:
-        raise TinkerRequestError(
-            f"{where}: has {shape[0]} rows for {rows} input tokens (shape {shape})"
-        )
+        raise TinkerRequestError(f"{where}: has {shape[0]} rows for {rows} input tokens")
     if len(shape) == 2 and not 1 <= shape[1] <= vocab:
         raise TinkerRequestError(
             f"{where}: shape {shape} has K = {shape[1]}, outside [1, {vocab}] (the vocabulary)"
         )
+    return shape
+
+
+def _tensor(msg: pb.Tensor, where: str, shape: list[int]) -> np.ndarray:
+    """The tensor `msg` holds, built only once its declared shape is known to be `shape`
+    (checked by the caller against the datum, the vocabulary and the request's budget)."""
+    dtype = _NUMPY.get(msg.dtype)
+    if dtype is None:
+        raise TinkerRequestError(f"{where}: unsupported dtype {msg.dtype}")
+    if list(msg.shape) != shape:
+        raise TinkerRequestError(f"{where}: has shape {list(msg.shape)}, expected {shape}")
+    rows = shape[0]
     size = int(np.prod(shape))
-    budget.take(size, where, target=target)
     try:
         if msg.HasField("sparse_csr"):
             csr = msg.sparse_csr
@@ -187,27 +177,17 @@ def _datum(
     if unknown:
         shown = ", ".join(quoted(name) for name in unknown[:8])
         raise TinkerRequestError(f"datum {k}: {loss_fn} does not take loss_fn_inputs [{shown}]")
-    inputs = {
-        name: _tensor(
-            msg.loss_fn_inputs[name],
-            f"datum {k} loss_fn_inputs[{name!r}]",
-            n,
-            vocab,
-            budget,
-            target=name == "target_tokens",
-        )
-        for name in sorted(names, key=lambda name: name != "target_tokens")
-    }
-    target = inputs["target_tokens"].astype(np.int64)
-    if target.ndim == 2 and loss_fn != "cross_entropy":
+    where = f"datum {k} loss_fn_inputs['target_tokens']"
+    target_shape = _shape(msg.loss_fn_inputs["target_tokens"], where, n, vocab)
+    if len(target_shape) == 2 and loss_fn != "cross_entropy":
         raise TinkerRequestError(f"datum {k}: only cross_entropy takes [T, K] target_tokens")
-    for name, array in inputs.items():
-        want = target.shape if name in ("target_tokens", "weights") else target.shape[:1]
-        if array.shape != want:
-            raise TinkerRequestError(
-                f"datum {k}: loss_fn_inputs[{name!r}] has shape {list(array.shape)}, "
-                f"expected {list(want)} (T = {n} input tokens)"
-            )
+    budget.take(int(np.prod(target_shape)), where)
+    inputs = {}
+    for name in sorted(names, key=lambda name: name != "target_tokens"):
+        want = target_shape if name in ("target_tokens", "weights") else target_shape[:1]
+        where = f"datum {k} loss_fn_inputs[{name!r}] (T = {n} input tokens)"
+        inputs[name] = _tensor(msg.loss_fn_inputs[name], where, want)
+    target = inputs["target_tokens"].astype(np.int64)
     for name, ids in (("model_input", tokens), ("target_tokens", target)):
         bad = ids[(ids < 0) | (ids >= vocab)]
         if bad.size:
