@@ -5,7 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from plies.server._tinker._futures import Futures, WorkQueue
+from plies.server._tinker._errors import TinkerRequestError
+from plies.server._tinker._futures import MAX_AHEAD, Futures, WorkQueue
 
 pytestmark = pytest.mark.anyio
 
@@ -44,3 +45,21 @@ async def test_a_seq_id_that_never_arrives_fails_the_ops_behind_it():
         assert await futures.wait(after, 5) == {"ok": True}
         tg.cancel_scope.cancel()
     assert "seq_id 1 of model m never arrived" in result["error"]
+
+
+async def test_a_seq_id_far_ahead_is_refused_and_never_moves_the_queue():
+    futures = Futures()
+    work = WorkQueue(futures, gap_seconds=0.2)
+    work.open("m", first_seq=1)
+    async with anyio.create_task_group() as tg:
+        await tg.start(work.run)
+        for stray in (2**31 - 1, 1 + MAX_AHEAD + 1):
+            with pytest.raises(TinkerRequestError, match=f"seq_id {stray} of model m is more"):
+                work.submit("m", stray, "stray", None)
+        await anyio.sleep(0.5)  # past the gap: a queued stray would have moved the queue
+        ran = work.submit("m", 1, "d1", lambda: {"ok": 1})
+        assert await futures.wait(ran, 5) == {"ok": 1}
+        # Ops numbered one by one may run far ahead of the worker: the window follows them.
+        rids = [work.submit("m", k, f"d{k}", lambda: {"ok": 1}) for k in range(2, 2 + 3000)]
+        assert await futures.wait(rids[-1], 30) == {"ok": 1}
+        tg.cancel_scope.cancel()
