@@ -126,7 +126,7 @@ class Guard:
                 return
             if not message.get("more_body", False):
                 break
-        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        encoding = headers.get(b"content-encoding", b"").strip().lower() or b"identity"
         if encoding != b"identity":
             decoded = await self._decode(send, path, encoding, bytes(body), limit)
             if decoded is None:
