@@ -36,9 +36,9 @@ OPEN_PATHS = frozenset({"/health", "/api/v1/healthz"})
 TRAINING_PATHS = frozenset({"/v1/training/forward_backward", "/api/v1/forward_backward"})
 """Routes whose bodies are training batches, under the larger cap."""
 
-_ZSTD_STEP = 512
+_ZSTD_STEP = 256
 """Compressed bytes fed per decompression step: zstd's densest block turns 4 bytes into
-128 KiB, so one step yields at most 16 MiB before the cap is checked again."""
+128 KiB, so one step yields at most 8 MiB before the cap is checked again."""
 
 
 class _TooLarge(PliesError):
