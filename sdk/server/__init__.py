@@ -20,8 +20,9 @@ Contract (other parts of plies build on it):
   `policy` is the current (latest published) policy and `model` its served name.
 - The door (`_guard.py`, for every route alike): with `--token` / `PLIES_TOKEN` every request
   but `/health` needs `Authorization: Bearer <token>` (or `X-API-Key`); a `--host` beyond
-  loopback without a token is refused at start. Bodies are capped (413), and a client that
-  disconnects cancels its completion. Paths given to `/v1/load_lora_adapter` must resolve
+  loopback without a token is refused at start. Bodies are capped (413), zstd bodies are
+  decompressed under the same cap off the loop, and a client that disconnects cancels its
+  completion. Paths given to `/v1/load_lora_adapter` must resolve
   inside the state dir or an `--allow-path`, and the weights must match the digest their
   `policy.json` names. The threat model is in docs/operations.md.
 - Policy store (`PolicyStore`): published policies are immutable directories

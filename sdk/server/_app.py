@@ -20,6 +20,7 @@ from ._engine import Engine, EngineOverloaded, UnknownPolicy
 from ._faults import Faults, faults_router
 from ._guard import Guard
 from ._policies import PolicyStore
+from ._quote import bounded
 from ._sampling_routes import sampling_router
 from ._state import ServerState
 from ._training_routes import training_router
@@ -46,7 +47,7 @@ def _tinker_service(config: ServerConfig, faults: Faults | None) -> Any:
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse(
-        {"error": {"message": message, "type": kind, "code": status}}, status_code=status
+        {"error": {"message": bounded(message), "type": kind, "code": status}}, status_code=status
     )
 
 

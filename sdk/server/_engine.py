@@ -43,6 +43,7 @@ from .._exceptions import ConfigError, PliesError
 from ..trajectory import FinishReason, PolicyRef
 from ._config import ServerConfig
 from ._policies import PolicyStore
+from ._quote import quoted
 from ._sampling import RowParams, sample_rows
 
 __all__ = ["Engine", "EngineOverloaded", "EngineStats", "GenerateParams", "GenerateResult"]
@@ -190,10 +191,10 @@ class Engine:
         """
         ref = PolicyStore.read_ref(path)
         if name in self._policies and not replace:
-            raise ConfigError(f"policy {name!r} is already loaded; unload it first")
+            raise ConfigError(f"policy {quoted(name)} is already loaded; unload it first")
         model = await anyio.to_thread.run_sync(self._load_model, Path(path))
         if name in self._policies and not replace:
-            raise ConfigError(f"policy {name!r} was loaded concurrently")
+            raise ConfigError(f"policy {quoted(name)} was loaded concurrently")
         self._policies[name] = _Policy(name, ref, model, _eos_ids(model))
         log.info("serving %s as %r", ref.uri, name)
         return ref
@@ -213,7 +214,7 @@ class Engine:
         try:
             pol = self._policies.pop(name)
         except KeyError:
-            raise UnknownPolicy(f"no policy named {name!r} is loaded") from None
+            raise UnknownPolicy(f"no policy named {quoted(name)} is loaded") from None
         log.info("unloaded %r", name)
         return pol.ref
 
@@ -226,7 +227,7 @@ class Engine:
         """
         pol = self._policies.get(name)
         if pol is None:
-            raise UnknownPolicy(f"no policy named {name!r} is loaded")
+            raise UnknownPolicy(f"no policy named {quoted(name)} is loaded")
         return pol.model
 
     def served(self) -> dict[str, PolicyRef]:
@@ -251,7 +252,7 @@ class Engine:
         pol = self._policies.get(name)
         if pol is None:
             raise UnknownPolicy(
-                f"no policy named {name!r} is loaded; loaded: {sorted(self._policies)}"
+                f"no policy named {quoted(name)} is loaded; loaded: {sorted(self._policies)}"
             )
         vocab = pol.model.config.vocab_size
         if not prompt:

@@ -11,8 +11,9 @@ not consumed by an optim_step is `lost`, and an optim_step steps only when the g
 holds are exactly the ops the client names. A step is never taken on partial gradients, and a
 lost one is never reported as applied. Nor is a step taken on numbers that are not finite:
 each forward_backward's loss and gradients are checked on their own before they join the
-pending ones, and an optim_step whose gradient norm is not finite leaves the weights as they
-were. The losses themselves are in `_losses.py`.
+pending ones, an optim_step whose gradient norm is not finite leaves the weights as they
+were, and so does one whose AdamW settings are out of range or whose step would leave a
+weight or moment that is not finite (`_adam.py`). The losses themselves are in `_losses.py`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .._durable import write_atomic
 from .._exceptions import ConfigError, TrainingError, TrainingGradientsLost
 from ..trajectory import PolicyRef
 from ..wire import training as wire
+from ._adam import check_adam, step_or_roll_back
 from ._config import TrainerConfig
 from ._faults import FaultPoint, Faults
 from ._journal import Batches, Checkpoints, Journal, bump_generation
@@ -239,14 +241,27 @@ class Trainer:
         """One AdamW step on exactly the gradients of `req.forward_backward_ops`.
 
         Raises:
-            TrainingGradientsLost: the held gradients are not exactly those ops, or their norm
-                is not finite (all discarded, the weights untouched).
-            ConfigError: no gradients are accumulated and none are named.
+            TrainingGradientsLost: the held gradients are not exactly those ops, their norm
+                is not finite, or the step would leave a weight or moment that is not finite
+                (all discarded, the weights untouched).
+            ConfigError: no gradients are accumulated and none are named, or the AdamW
+                settings are out of range (`_adam.check_adam`; nothing discarded).
         """
         with self._begin(req.op_id):
             done = self._replay(req, wire.OpKind.OPTIM_STEP)
             if done is not None:
                 return wire.OptimStepResult.model_validate(done["result"])
+            p = req.adam
+            try:
+                check_adam(
+                    lr=p.lr,
+                    beta1=p.beta1,
+                    beta2=p.beta2,
+                    eps=p.eps,
+                    weight_decay=p.weight_decay,
+                )
+            except ValueError as exc:
+                raise ConfigError(f"optim_step {req.op_id}: {exc}") from None
             if sorted(req.forward_backward_ops) != sorted(self._pending):
                 held = list(self._pending)
                 self._discard_gradients()
@@ -498,7 +513,15 @@ class Trainer:
             )
         if p.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
-        self.optimizer.step()
+        if not step_or_roll_back(self.optimizer, params):
+            held = self._discard_gradients()
+            raise TrainingGradientsLost(
+                f"optim_step {req.op_id}: the step would have left a weight or an Adam moment "
+                f"that is not finite (lr {p.lr:g}, eps {p.eps:g}, weight_decay "
+                f"{p.weight_decay:g}, gradient norm {norm:g}); it was undone, the weights are "
+                f"unchanged and the gradients of {held} were discarded",
+                op_ids=held,
+            )
         self.model.zero_grad(set_to_none=True)
         self.step += 1
         return {

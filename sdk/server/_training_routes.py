@@ -29,6 +29,7 @@ from ..wire.training import (
     SavePolicyRequest,
 )
 from ._faults import Faults
+from ._quote import bounded
 from ._state import server_state
 from ._trainer import OpConflict, Trainer
 
@@ -64,7 +65,11 @@ class _LazyTrainer:
 def _error(
     status: int, code: ErrorCode, message: str, op_ids: list[str] | None = None
 ) -> JSONResponse:
-    body: dict[str, Any] = {"message": message, "type": type(code).__name__, "code": code.value}
+    body: dict[str, Any] = {
+        "message": bounded(message),
+        "type": type(code).__name__,
+        "code": code.value,
+    }
     if op_ids is not None:
         body["op_ids"] = op_ids
     return JSONResponse({"error": body}, status_code=status)

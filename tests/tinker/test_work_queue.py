@@ -1,15 +1,16 @@
-"""The per-model `seq_id` queue: in order, out-of-order arrivals held, gaps fail late ops."""
+"""The per-model `seq_id` queue: in order, out-of-order arrivals held, gaps fail late ops, a
+seq_id far ahead refused; settled results kept within a byte budget."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
-from plies.server._tinker._futures import Futures, WorkQueue
+from plies.server._tinker._errors import TinkerRequestError
+from plies.server._tinker._futures import MAX_AHEAD, Futures, WorkQueue
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.anyio
 async def test_ops_run_in_seq_order_and_repeats_get_the_same_request_id():
     futures = Futures()
     work = WorkQueue(futures, gap_seconds=5)
@@ -32,6 +33,7 @@ async def test_ops_run_in_seq_order_and_repeats_get_the_same_request_id():
     assert results == [{"k": 1}, {"k": 2}, {"k": 3}]
 
 
+@pytest.mark.anyio
 async def test_a_seq_id_that_never_arrives_fails_the_ops_behind_it():
     futures = Futures()
     work = WorkQueue(futures, gap_seconds=0.2)
@@ -44,3 +46,32 @@ async def test_a_seq_id_that_never_arrives_fails_the_ops_behind_it():
         assert await futures.wait(after, 5) == {"ok": True}
         tg.cancel_scope.cancel()
     assert "seq_id 1 of model m never arrived" in result["error"]
+
+
+@pytest.mark.anyio
+async def test_a_seq_id_far_ahead_is_refused_and_never_moves_the_queue():
+    futures = Futures()
+    work = WorkQueue(futures, gap_seconds=0.2)
+    work.open("m", first_seq=1)
+    async with anyio.create_task_group() as tg:
+        await tg.start(work.run)
+        for stray in (2**31 - 1, 1 + MAX_AHEAD + 1):
+            with pytest.raises(TinkerRequestError, match=f"seq_id {stray} of model m is more"):
+                work.submit("m", stray, "stray", None)
+        await anyio.sleep(0.5)  # past the gap: a queued stray would have moved the queue
+        ran = work.submit("m", 1, "d1", lambda: {"ok": 1})
+        assert await futures.wait(ran, 5) == {"ok": 1}
+        # Ops numbered one by one may run far ahead of the worker: the window follows them.
+        rids = [work.submit("m", k, f"d{k}", lambda: {"ok": 1}) for k in range(2, 2 + 3000)]
+        assert await futures.wait(rids[-1], 30) == {"ok": 1}
+        tg.cancel_scope.cancel()
+
+
+def test_settled_results_are_kept_within_a_byte_budget():
+    futures = Futures(keep_bytes=10 << 20)
+    rids = [futures.create() for _ in range(4)]
+    for rid in rids:
+        futures.settle(rid, b"x" * (4 << 20))
+    with pytest.raises(TinkerRequestError, match="unknown request_id"):
+        anyio.run(futures.wait, rids[0], 0.01)
+    assert anyio.run(futures.wait, rids[-1], 0.01) == b"x" * (4 << 20)

@@ -27,9 +27,11 @@ from typing import Any
 import torch
 
 from ..._durable import fsync_dir, fsync_tree, write_atomic
+from .._quote import quoted
 from ._errors import TinkerRequestError
 
 __all__ = [
+    "MAX_RUN_ID_CHARS",
     "CheckpointPath",
     "Runs",
     "SavedState",
@@ -71,7 +73,7 @@ def check_name(name: str) -> str:
     """Raises: TinkerRequestError: not a plain checkpoint name (400)."""
     if not NAME.fullmatch(name):
         raise TinkerRequestError(
-            f"checkpoint name {name!r} must be 1-128 letters, digits, '.', '_' or '-', "
+            f"checkpoint name {quoted(name)} must be 1-128 letters, digits, '.', '_' or '-', "
             "not starting with '.'"
         )
     return name
@@ -82,7 +84,7 @@ def parse_tinker_path(path: str) -> CheckpointPath:
     parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
     if len(parts) != 3 or not parts[0] or parts[1] not in _KINDS:
         raise TinkerRequestError(
-            f"{path!r} is not a checkpoint path of this server: "
+            f"{quoted(path)} is not a checkpoint path of this server: "
             "tinker://{model_id}/weights/{name} or tinker://{model_id}/sampler_weights/{name}"
         )
     return CheckpointPath(parts[0], parts[1], check_name(parts[2]))
@@ -144,6 +146,10 @@ def read_state(src: Path, *, optimizer: bool = True) -> SavedState:
     return SavedState(meta, trainable, opt)
 
 
+MAX_RUN_ID_CHARS = 200
+"""The longest run (model) id: it names a directory, and file names stop at 255 bytes."""
+
+
 class Runs:
     """The runs under `root` (`STATE_DIR/tinker`), each with its `save_weights` checkpoints."""
 
@@ -153,8 +159,10 @@ class Runs:
     def dir(self, run_id: str) -> Path:
         """A run's directory, which may not exist yet."""
         name = run_dir_name(run_id)
-        if name in (".", ".."):
-            raise TinkerRequestError(f"{run_id!r} is not a training run id")
+        if name in (".", "..") or len(name) > MAX_RUN_ID_CHARS:
+            raise TinkerRequestError(
+                f"{quoted(run_id)} is not a training run id (1 to {MAX_RUN_ID_CHARS} characters)"
+            )
         return self.root / name
 
     def create(self, run_id: str, meta: dict[str, Any]) -> Path:
@@ -176,7 +184,7 @@ class Runs:
         file = self.dir(run_id) / RUN_FILE
         record = json.loads(file.read_text()) if file.is_file() else None
         if record is None or record.get("training_run_id") != run_id:
-            raise TinkerRequestError(f"unknown training run {run_id!r}", status=404)
+            raise TinkerRequestError(f"unknown training run {quoted(run_id)}", status=404)
         return record
 
     def all(self) -> list[dict[str, Any]]:

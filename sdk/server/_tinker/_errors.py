@@ -11,6 +11,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from .._quote import bounded
+
 __all__ = ["TinkerRequestError", "error_body", "error_response"]
 
 
@@ -24,9 +26,9 @@ class TinkerRequestError(Exception):
 
 def error_body(message: str) -> dict[str, Any]:
     """A failed future's result: the SDK raises `RequestFailedError(error)` on it."""
-    return {"error": message, "category": "user"}
+    return {"error": bounded(message), "category": "user"}
 
 
 def error_response(message: str, status: int = 400) -> JSONResponse:
     """A refused request: `detail` is the message the SDK's exception shows."""
-    return JSONResponse({"detail": message, "category": "user"}, status_code=status)
+    return JSONResponse({"detail": bounded(message), "category": "user"}, status_code=status)

@@ -8,7 +8,8 @@ on. One worker drains all queues, taking the models with a runnable op in turn
 submit still consumes its `seq_id` (the SDK moves on to the next one). A `seq_id` that has
 not arrived after `gap_seconds` while later ones wait fails those later ones.
 
-Futures live in memory, the newest `KEEP_FUTURES` of them; the tenants' op logs
+Futures live in memory, the newest `KEEP_FUTURES` of them holding at most `KEEP_BYTES` of
+protobuf results (each is at most `_proto.MAX_RESULT_BYTES`); the tenants' op logs
 (`_oplog.py`) bring back those of ordered ops after a restart, with their request ids.
 """
 
@@ -25,14 +26,29 @@ from typing import Any
 
 import anyio
 
+from .._quote import quoted
 from ._errors import TinkerRequestError, error_body
 
-__all__ = ["KEEP_FUTURES", "Futures", "WorkQueue", "body_digest", "failure_message"]
+__all__ = [
+    "KEEP_BYTES",
+    "KEEP_FUTURES",
+    "MAX_AHEAD",
+    "Futures",
+    "WorkQueue",
+    "body_digest",
+    "failure_message",
+]
 
 log = logging.getLogger("plies.server.tinker")
 
 KEEP_FUTURES = 10_000
 """Settled futures kept for retrieval; the oldest are forgotten first."""
+KEEP_BYTES = 256 << 20
+"""Protobuf result bytes kept for retrieval; past it the oldest settled are forgotten."""
+MAX_AHEAD = 1024
+"""How far past the highest `seq_id` a model has seen (or the next one to run) a new one may
+be. The SDK numbers its ops one by one, so a legitimate op is never far ahead; a stray one
+far ahead would hold the queue, and once its gap timed out, move it past every real op."""
 
 Result = bytes | dict[str, Any]
 """Protobuf bytes (forward_backward, sample) or a JSON object (everything else)."""
@@ -47,8 +63,10 @@ class _Future:
 class Futures:
     """Request id -> result, settled once."""
 
-    def __init__(self, keep: int = KEEP_FUTURES):
+    def __init__(self, keep: int = KEEP_FUTURES, keep_bytes: int = KEEP_BYTES):
         self._keep = keep
+        self._keep_bytes = keep_bytes
+        self._bytes = 0
         self._futures: OrderedDict[str, _Future] = OrderedDict()
 
     def create(self, rid: str | None = None, prefix: str = "req") -> str:
@@ -63,11 +81,13 @@ class Futures:
             return
         fut.value = value
         fut.done.set()
-        while len(self._futures) > self._keep:
+        self._bytes += _size(value)
+        while len(self._futures) > self._keep or self._bytes > self._keep_bytes:
             oldest, old = next(iter(self._futures.items()))
             if not old.done.is_set():
                 break
             del self._futures[oldest]
+            self._bytes -= _size(old.value)
 
     def fail(self, rid: str, message: str) -> None:
         self.settle(rid, error_body(message))
@@ -80,10 +100,14 @@ class Futures:
         """
         fut = self._futures.get(rid)
         if fut is None:
-            raise TinkerRequestError(f"unknown request_id {rid!r}", status=404)
+            raise TinkerRequestError(f"unknown request_id {quoted(rid)}", status=404)
         with anyio.move_on_after(timeout):
             await fut.done.wait()
         return fut.value
+
+
+def _size(value: Result | None) -> int:
+    return len(value) if isinstance(value, bytes) else 0
 
 
 @dataclass(eq=False)
@@ -98,6 +122,7 @@ class _Queue:
     next_seq: int
     ops: dict[int, _Op] = field(default_factory=dict)
     seen: OrderedDict[int, tuple[str, str]] = field(default_factory=OrderedDict)
+    top: int = -1  # the highest seq_id submitted
     gap_since: float | None = None
 
 
@@ -143,7 +168,9 @@ class WorkQueue:
 
     def remember(self, model_id: str, seq_id: int, digest: str, rid: str) -> None:
         """Record an op applied before a restart, so a repeat of it gets its request id."""
-        self._queues[model_id].seen[seq_id] = (digest, rid)
+        queue = self._queues[model_id]
+        queue.seen[seq_id] = (digest, rid)
+        queue.top = max(queue.top, seq_id)
 
     def submit(
         self,
@@ -159,12 +186,13 @@ class WorkQueue:
         request id. `fn=None` consumes the `seq_id` without work (a request refused at submit).
 
         Raises:
-            TinkerRequestError: the model has no queue (404), or `seq_id` was already used
-                for another request (400).
+            TinkerRequestError: the model has no queue (404), `seq_id` was already used for
+                another request, is behind the next one, or is more than `MAX_AHEAD` past both
+                the next one and the highest submitted (400).
         """
         queue = self._queues.get(model_id)
         if queue is None:
-            raise TinkerRequestError(f"unknown model_id {model_id!r}", status=404)
+            raise TinkerRequestError(f"unknown model_id {quoted(model_id)}", status=404)
         seen = queue.seen.get(seq_id)
         if seen is not None:
             if seen[0] == digest:
@@ -176,6 +204,13 @@ class WorkQueue:
             raise TinkerRequestError(
                 f"seq_id {seq_id} of model {model_id} is behind the next one ({queue.next_seq})"
             )
+        horizon = max(queue.next_seq - 1, queue.top)
+        if seq_id > horizon + MAX_AHEAD:
+            raise TinkerRequestError(
+                f"seq_id {seq_id} of model {model_id} is more than {MAX_AHEAD} past the "
+                f"highest one seen ({horizon}); op ids are numbered one by one"
+            )
+        queue.top = max(queue.top, seq_id)
         rid = self._futures.create(rid)
         queue.ops[seq_id] = _Op(rid, digest, fn)
         queue.seen[seq_id] = (digest, rid)

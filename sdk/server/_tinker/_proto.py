@@ -14,11 +14,13 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
 
+from .._quote import quoted
 from ._errors import TinkerRequestError
 
 __all__ = [
     "LOSS_INPUTS",
     "MASK_LOGPROB",
+    "MAX_RESULT_BYTES",
     "SUPPORTED_LOSSES",
     "ForwardBackwardInput",
     "PromptScores",
@@ -67,13 +69,53 @@ class ForwardBackwardInput:
     data: list[TinkerDatum]
 
 
-def _tensor(msg: pb.Tensor, where: str) -> np.ndarray:
+MAX_RESULT_BYTES = 16 << 20
+"""The largest forward_backward answer: one float32 logprob per target position, summed over
+the request's datums. It is held as a future and journaled in the tenant's op log (base64),
+so the target shapes are checked against it before anything is built: a sparse tensor's
+shape is not bounded by its bytes (a 185-byte request can declare [7, 2^24])."""
+
+
+@dataclass
+class _Budget:
+    """The answer bytes a request's target tensors may still declare."""
+
+    result_bytes: int = MAX_RESULT_BYTES
+
+    def take(self, size: int, where: str) -> None:
+        self.result_bytes -= 4 * size
+        if self.result_bytes < 0:
+            raise TinkerRequestError(
+                f"{where}: the answer (one float32 per target position) would exceed "
+                f"{MAX_RESULT_BYTES} bytes; send fewer datums or fewer targets per position"
+            )
+
+
+def _shape(msg: pb.Tensor, where: str, rows: int, vocab: int) -> list[int]:
+    """The declared shape, if it is [rows] or [rows, K] with 1 <= K <= vocab."""
+    if len(msg.shape) not in (1, 2):
+        raise TinkerRequestError(
+            f"{where}: a tensor of {len(msg.shape)} dimensions is not [T] or [T, K]"
+        )
+    shape = [int(s) for s in msg.shape]
+    if shape[0] != rows:
+        raise TinkerRequestError(f"{where}: has {shape[0]} rows for {rows} input tokens")
+    if len(shape) == 2 and not 1 <= shape[1] <= vocab:
+        raise TinkerRequestError(
+            f"{where}: shape {shape} has K = {shape[1]}, outside [1, {vocab}] (the vocabulary)"
+        )
+    return shape
+
+
+def _tensor(msg: pb.Tensor, where: str, shape: list[int]) -> np.ndarray:
+    """The tensor `msg` holds, built only once its declared shape is known to be `shape`
+    (checked by the caller against the datum, the vocabulary and the request's budget)."""
     dtype = _NUMPY.get(msg.dtype)
     if dtype is None:
         raise TinkerRequestError(f"{where}: unsupported dtype {msg.dtype}")
-    shape = [int(s) for s in msg.shape]
-    if len(shape) not in (1, 2) or any(s < 0 for s in shape):
-        raise TinkerRequestError(f"{where}: shape {shape} is not [T] or [T, K]")
+    if list(msg.shape) != shape:
+        raise TinkerRequestError(f"{where}: has shape {list(msg.shape)}, expected {shape}")
+    rows = shape[0]
     size = int(np.prod(shape))
     try:
         if msg.HasField("sparse_csr"):
@@ -83,7 +125,7 @@ def _tensor(msg: pb.Tensor, where: str) -> np.ndarray:
             col = np.frombuffer(csr.col_indices, dtype=np.int64)
             if len(shape) != 2:
                 raise TinkerRequestError(f"{where}: a sparse tensor must be 2-D, got {shape}")
-            rows, cols = shape
+            cols = shape[1]
             if len(crow) != rows + 1 or crow[0] != 0 or np.any(np.diff(crow) < 0):
                 raise TinkerRequestError(f"{where}: malformed CSR row index")
             if crow[-1] != len(values) or len(col) != len(values):
@@ -107,7 +149,9 @@ def _tensor(msg: pb.Tensor, where: str) -> np.ndarray:
     return array
 
 
-def _datum(msg: pb.Datum, k: int, loss_fn: str, vocab: int, max_len: int) -> TinkerDatum:
+def _datum(
+    msg: pb.Datum, k: int, loss_fn: str, vocab: int, max_len: int, budget: _Budget
+) -> TinkerDatum:
     parts = []
     for chunk in msg.model_input:
         if chunk.WhichOneof("chunk") != "encoded_text":
@@ -124,31 +168,26 @@ def _datum(msg: pb.Datum, k: int, loss_fn: str, vocab: int, max_len: int) -> Tin
         raise TinkerRequestError(f"datum {k}: model_input holds no tokens")
     if n > max_len:
         raise TinkerRequestError(f"datum {k}: {n} tokens exceed max_model_len {max_len}")
-    inputs = {
-        name: _tensor(t, f"datum {k} loss_fn_inputs[{name!r}]")
-        for name, t in msg.loss_fn_inputs.items()
-    }
     needed = LOSS_INPUTS[loss_fn]
-    missing = [name for name in needed if name not in inputs]
+    names = set(msg.loss_fn_inputs)
+    missing = [name for name in needed if name not in names]
     if missing:
         raise TinkerRequestError(f"datum {k}: {loss_fn} needs loss_fn_inputs {missing}")
-    unknown = sorted(set(inputs) - set(needed) - _OPTIONAL_INPUTS)
+    unknown = sorted(names - set(needed) - _OPTIONAL_INPUTS)
     if unknown:
-        raise TinkerRequestError(f"datum {k}: {loss_fn} does not take loss_fn_inputs {unknown}")
-    target = inputs["target_tokens"].astype(np.int64)
-    if target.ndim == 2 and loss_fn != "cross_entropy":
+        shown = ", ".join(quoted(name) for name in unknown[:8])
+        raise TinkerRequestError(f"datum {k}: {loss_fn} does not take loss_fn_inputs [{shown}]")
+    where = f"datum {k} loss_fn_inputs['target_tokens']"
+    target_shape = _shape(msg.loss_fn_inputs["target_tokens"], where, n, vocab)
+    if len(target_shape) == 2 and loss_fn != "cross_entropy":
         raise TinkerRequestError(f"datum {k}: only cross_entropy takes [T, K] target_tokens")
-    for name, array in inputs.items():
-        want = target.shape if name in ("target_tokens", "weights") else target.shape[:1]
-        if array.shape != want:
-            raise TinkerRequestError(
-                f"datum {k}: loss_fn_inputs[{name!r}] has shape {list(array.shape)}, "
-                f"expected {list(want)} (T = {n} input tokens)"
-            )
-    if target.shape[0] != n:
-        raise TinkerRequestError(
-            f"datum {k}: target_tokens has {target.shape[0]} rows for {n} input tokens"
-        )
+    budget.take(int(np.prod(target_shape)), where)
+    inputs = {}
+    for name in sorted(names, key=lambda name: name != "target_tokens"):
+        want = target_shape if name in ("target_tokens", "weights") else target_shape[:1]
+        where = f"datum {k} loss_fn_inputs[{name!r}] (T = {n} input tokens)"
+        inputs[name] = _tensor(msg.loss_fn_inputs[name], where, want)
+    target = inputs["target_tokens"].astype(np.int64)
     for name, ids in (("model_input", tokens), ("target_tokens", target)):
         bad = ids[(ids < 0) | (ids >= vocab)]
         if bad.size:
@@ -186,7 +225,7 @@ def check_forward_backward(
     """
     if msg.loss_fn not in LOSS_INPUTS:
         raise TinkerRequestError(
-            f"loss_fn {msg.loss_fn!r} is not supported by plies serve yet; "
+            f"loss_fn {quoted(msg.loss_fn)} is not supported by plies serve yet; "
             f"supported: {', '.join(SUPPORTED_LOSSES)}"
         )
     if not 1 <= len(msg.data) <= max_datums:
@@ -205,7 +244,8 @@ def check_forward_backward(
         raise TinkerRequestError("loss_fn_config holds a non-finite number")
     if msg.loss_fn == "dro" and "beta" not in config:
         raise TinkerRequestError("dro needs loss_fn_config {'beta': ...} (the penalty's weight)")
-    data = [_datum(d, k, msg.loss_fn, vocab, max_len) for k, d in enumerate(msg.data)]
+    budget = _Budget()
+    data = [_datum(d, k, msg.loss_fn, vocab, max_len, budget) for k, d in enumerate(msg.data)]
     return ForwardBackwardInput(
         model_id=msg.model_id,
         seq_id=msg.seq_id,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from .._state import ServerState
 from ._errors import TinkerRequestError
 from ._oplog import DONE_FOR_GOOD, Replay, decode_result
@@ -73,7 +75,8 @@ def recover(service: TinkerService, state: ServerState) -> None:
                 continue
             try:
                 _resubmit(service, kind, tenant.oplog.body(seq), digest, Replay(rid, done))
-            except TinkerRequestError as exc:  # e.g. the checkpoint it loads was deleted
+            except (TinkerRequestError, ValidationError) as exc:  # e.g. the checkpoint it
+                # loads was deleted, or settings this version refuses
                 service.work.submit(model_id, seq, digest, None, rid=rid)
                 service.futures.fail(rid, str(exc))
             again += 1

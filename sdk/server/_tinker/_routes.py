@@ -35,10 +35,7 @@ from ._schemas import (
 )
 from ._service import SAMPLE_PREFIX, TinkerService
 
-__all__ = ["MAX_BODY_BYTES", "tinker_router"]
-
-MAX_BODY_BYTES = 64 << 20
-"""The largest request body read; the SDK's forward_backward chunks stay under 5 MB."""
+__all__ = ["tinker_router"]
 
 PROTOBUF = "application/x-protobuf"
 
@@ -84,17 +81,8 @@ def _guarded(fn: Handler) -> Handler:
 
 
 async def _raw(request: Request) -> bytes:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise TinkerRequestError(f"request body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
-    if request.headers.get("content-encoding", "").lower() == "zstd":
-        import zstandard
-
-        try:
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=MAX_BODY_BYTES)
-        except zstandard.ZstdError as exc:
-            raise TinkerRequestError(f"malformed zstd body: {exc}") from None
-    return body
+    """The body, as the door (`_guard.py`) left it: capped, and decompressed if it was zstd."""
+    return await request.body()
 
 
 def _json(body: bytes) -> dict[str, Any]:

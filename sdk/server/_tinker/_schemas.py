@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .._adam import check_adam
 
 __all__ = [
     "AdamParams",
@@ -67,6 +69,18 @@ class AdamParams(_Body):
         if not math.isfinite(v):
             raise ValueError("must be finite")
         return v
+
+    @model_validator(mode="after")
+    def _bounded(self) -> AdamParams:
+        """Settings float32 weights can take (`_adam.check_adam`)."""
+        check_adam(
+            lr=self.learning_rate,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+        )
+        return self
 
 
 class OptimStepRequest(_Body):

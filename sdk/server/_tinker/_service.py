@@ -19,6 +19,7 @@ import anyio
 from ..._durable import write_atomic
 from .._config import ServerConfig
 from .._faults import Faults
+from .._quote import quoted
 from .._state import ServerState
 from ._checkpoints import CheckpointPath, Runs, check_name, parse_tinker_path
 from ._errors import TinkerRequestError, error_body
@@ -142,7 +143,7 @@ class TinkerService:
     def tenant(self, model_id: str) -> Tenant:
         tenant = self.tenants.get(model_id)
         if tenant is None:
-            raise TinkerRequestError(f"unknown model_id {model_id!r}", status=404)
+            raise TinkerRequestError(f"unknown model_id {quoted(model_id)}", status=404)
         return tenant
 
     def create_model(
@@ -150,10 +151,10 @@ class TinkerService:
     ) -> dict[str, Any]:
         state = self._state()
         if req.session_id not in self.sessions:
-            raise TinkerRequestError(f"unknown session_id {req.session_id!r}", status=404)
+            raise TinkerRequestError(f"unknown session_id {quoted(req.session_id)}", status=404)
         if req.base_model != self.model_name:
             raise TinkerRequestError(
-                f"base_model {req.base_model!r} is not served here; this server trains "
+                f"base_model {quoted(req.base_model)} is not served here; this server trains "
                 f"{self.model_name!r} (plies serve --model-name)"
             )
         tenant = self._open_tenant(req.session_id, req.model_seq_id, req.lora_config)
@@ -340,15 +341,15 @@ class TinkerService:
         lora_meta = self.runs.meta(path)["lora"]
         kind = (req.optimizer_config or {}).get("type", "adamw")
         if kind != "adamw":
-            raise TinkerRequestError(f"optimizer {kind!r} is not supported; only adamw")
+            raise TinkerRequestError(f"optimizer {quoted(kind)} is not supported; only adamw")
         if req.base_model is not None and req.base_model != self.model_name:
             raise TinkerRequestError(
-                f"base_model {req.base_model!r} is not served here; this server trains "
+                f"base_model {quoted(req.base_model)} is not served here; this server trains "
                 f"{self.model_name!r}"
             )
         if req.session_id is not None and req.model_seq_id is not None:
             if req.session_id not in self.sessions:
-                raise TinkerRequestError(f"unknown session_id {req.session_id!r}", status=404)
+                raise TinkerRequestError(f"unknown session_id {quoted(req.session_id)}", status=404)
             lora = LoraConfig.model_validate(lora_meta) if lora_meta is not None else None
             tenant, seq = self._open_tenant(req.session_id, req.model_seq_id, lora), 0
             base, device = self.base_dir(state), state.engine.device
@@ -378,18 +379,18 @@ class TinkerService:
         samplers = self.samplers
         assert samplers is not None
         if session_id not in self.sessions:
-            raise TinkerRequestError(f"unknown session_id {session_id!r}", status=404)
+            raise TinkerRequestError(f"unknown session_id {quoted(session_id)}", status=404)
         if base_model is not None and base_model != self.model_name:
             raise TinkerRequestError(
-                f"base_model {base_model!r} is not served here; this server serves "
+                f"base_model {quoted(base_model)} is not served here; this server serves "
                 f"{self.model_name!r}"
             )
         if model_path is not None:
             policy_dir = samplers.paths.get(model_path)
             if policy_dir is None:
                 raise TinkerRequestError(
-                    f"unknown model_path {model_path!r}: this server samples from the sampler "
-                    "weights saved by save_weights_for_sampler on it (tinker://.../sampler_weights/...)",
+                    f"unknown model_path {quoted(model_path)}: this server samples from the "
+                    "sampler weights saved by save_weights_for_sampler on it (tinker://.../sampler_weights/...)",
                     status=404,
                 )
         else:
@@ -420,7 +421,7 @@ class TinkerService:
                 f"prompt token id {bad} is outside the vocabulary [0, {self.vocab})"
             )
         max_len = state.config.max_model_len
-        samplers.params(req, max_len)  # refuse bad parameters before answering with a future
+        samplers.check(req, max_len)  # refuse bad parameters before answering with a future
         samplers.scoring(req)
         rid = self.futures.create(prefix=SAMPLE_PREFIX)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .._adam import step_or_roll_back
 from .._config import TrainerConfig
 from .._policies import PolicyStore
 from ._checkpoints import SavedState
@@ -147,7 +148,9 @@ class Tenant:
 
         A step on a non-finite gradient norm, or after a backward whose loss was not finite,
         would write NaN into the weights or the Adam moments for good; it is refused instead,
-        with the weights and optimizer state as they were and the gradients discarded.
+        with the weights and optimizer state as they were and the gradients discarded. So is
+        a step that leaves any weight or moment not finite: it is undone
+        (`_adam.step_or_roll_back`).
         """
         params = self._params()
         if self.bad_loss:
@@ -179,8 +182,15 @@ class Tenant:
             )
         if p.grad_clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, p.grad_clip_norm)
-        self.optimizer.step()
+        stood = step_or_roll_back(self.optimizer, params)
         self.model.zero_grad(set_to_none=True)
+        if not stood:
+            raise TinkerRequestError(
+                "optim_step refused: the step would have left a weight or an Adam moment that "
+                f"is not finite (learning_rate {p.learning_rate:g}, eps {p.eps:g}, weight_decay "
+                f"{p.weight_decay:g}, gradient norm {norm:g}); it was undone, the weights and "
+                "optimizer state are as they were and the gradients were discarded"
+            )
         return {"metrics": {"grad_norm:mean": norm, "learning_rate:mean": p.learning_rate}}
 
     def saved_state(self, meta: dict[str, Any], *, optimizer: bool = True) -> SavedState:
