@@ -199,7 +199,11 @@ def run_doctor(tokenizer_dir: Path, as_json: bool, kwarg_pairs: list[str]) -> di
             kwargs[name] = value
     if not tokenizer_dir.is_dir():
         raise ConfigError(f"{tokenizer_dir} is not a directory")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except Exception as exc:  # transformers raises ValueError, OSError or KeyError here
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(": ")
+        raise ConfigError(f"{tokenizer_dir} holds no tokenizer that loads ({first})") from exc
     report = diagnose(tokenizer, kwargs)
     report["tokenizer_dir"] = str(tokenizer_dir)
     if as_json:

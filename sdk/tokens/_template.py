@@ -10,8 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
+
+from transformers.utils.chat_template_utils import (
+    _CONTROL_TOKEN_END,
+    _CONTROL_TOKEN_START,
+    _get_control_token_patterns,
+    encode_marked_chat,
+    mark_control_tokens,
+)
 
 from .._exceptions import ConfigError, TokenizationError
 
@@ -64,8 +73,17 @@ class Template:
 
     `text` is the template in use (a TRL training variant, say); by default the tokenizer's.
 
-    Renders are exactly `apply_chat_template(..., tokenize=True, return_dict=False)`, the
-    definition of a correct prompt; failures become `TokenizationError` naming the key.
+    Renders are exactly `apply_chat_template(..., tokenize=True, return_dict=False,
+    sanitize_control_tokens=True)`, the definition of a correct prompt; failures become
+    `TokenizationError` naming the key.
+
+    Control-token text in content is plain text (docs/tito.md, "Control tokens in content"):
+    a tool result or a web page that contains `<|im_end|>` must not close the turn it sits
+    in. Every string of the messages, tools and template variables is marked where it holds
+    a control token (transformers' `mark_control_tokens`: the tokenizer's special tokens and
+    the added tokens the template writes), so the rendered text carries the marks, and
+    `encode` tokenizes a marked token as the characters it is made of. Marking is per
+    string, so the incremental step marks only its own messages: O(new content).
     """
 
     def __init__(
@@ -92,20 +110,16 @@ class Template:
             tokenizer, "split_special_tokens", False
         )
         self._backend: Any = getattr(tokenizer, "backend_tokenizer", None) if fast else None
+        self._control = _control_tokens(tokenizer, self.text)
 
     def render(self, messages: Sequence[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
-        """Token ids of `messages`, as `apply_chat_template` gives them.
+        """Token ids of `messages`, as `apply_chat_template` gives them (control tokens in
+        content sanitized).
 
         Raises:
             TokenizationError: the template could not render these messages.
         """
-        ids = self._apply(messages, generation_prompt, tokenize=True)
-        if not isinstance(ids, list) or (ids and not isinstance(ids[0], int)):
-            raise TokenizationError(
-                f"chat template key {self.key[:12]}: apply_chat_template returned "
-                f"{type(ids).__name__}, not a list of ids"
-            )
-        return ids
+        return self.encode(self.text_of(messages, generation_prompt=generation_prompt))
 
     def render_text(
         self, messages: Sequence[dict[str, Any]], *, generation_prompt: bool
@@ -123,7 +137,7 @@ class Template:
         Raises:
             TokenizationError: the template could not render these messages.
         """
-        text = self._apply(messages, generation_prompt, tokenize=False)
+        text = self._apply(messages, generation_prompt)
         if not isinstance(text, str):
             raise TokenizationError(
                 f"chat template key {self.key[:12]}: apply_chat_template returned "
@@ -139,8 +153,12 @@ class Template:
         wrapper costs as much as encoding a short delta. Otherwise (a caller left truncation
         or padding on the shared backend, a slow tokenizer) the wrapper is called, which sets
         the backend the way `render` does. Whoever splits a render relies on this agreeing
-        with `render`, and checks it (`plies.tokens._probe.find_splits`).
+        with `render`, and checks it (`plies.tokens._probe.find_splits`). Text that carries
+        control-token marks (`text_of` of content holding one) is encoded by transformers'
+        `encode_marked_chat`: each marked token as plain text, the rest as above.
         """
+        if _CONTROL_TOKEN_START in text or _CONTROL_TOKEN_END in text:
+            return encode_marked_chat(self.tokenizer, text)
         backend = self._backend
         if (
             backend is not None
@@ -151,18 +169,17 @@ class Template:
             return backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _apply(
-        self, messages: Sequence[dict[str, Any]], generation_prompt: bool, *, tokenize: bool
-    ) -> Any:
+    def _apply(self, messages: Sequence[dict[str, Any]], generation_prompt: bool) -> Any:
+        marks = self._control
         try:
             return self.tokenizer.apply_chat_template(
-                list(messages),
-                tools=self.tools,
+                [mark_control_tokens(dict(m), marks) for m in messages],
+                tools=mark_control_tokens(self.tools, marks),
                 chat_template=self.text,
                 add_generation_prompt=generation_prompt,
-                tokenize=tokenize,
+                tokenize=False,
                 return_dict=False,
-                **self.kwargs,
+                **mark_control_tokens(self.kwargs, marks),
             )
         except Exception as err:  # jinja, TypeError, template raise_exception: all one failure
             roles = ",".join(str(m.get("role")) for m in messages[-4:])
@@ -170,3 +187,11 @@ class Template:
                 f"chat template key {self.key[:12]} could not render {len(messages)} messages "
                 f"(last roles {roles}): {type(err).__name__}: {err}"
             ) from err
+
+
+def _control_tokens(tokenizer: Any, template_text: str) -> re.Pattern[str]:
+    """What counts as a control token in content: what `apply_chat_template(...,
+    sanitize_control_tokens=True)` counts (the special tokens, `chat_control_tokens`, else
+    the added tokens the template's text writes), as one regex."""
+    chosen = tokenizer._get_control_tokens(template_text)  # transformers' own rule
+    return _get_control_token_patterns(tuple(chosen))[0]

@@ -19,14 +19,28 @@ from typing import Any
 from pydantic import ValidationError
 
 from plies import Group, PliesError, TrajectoryError
-from plies.runtime import read_report
+from plies.runtime import QuarantineReport
 from plies.training import grpo_advantages
+
+from ._files import (
+    JSON_CAP,
+    JSONL_CAP,
+    LINE_CAP,
+    RunFileError,
+    first_error,
+    open_regular,
+    read_regular,
+)
 
 __all__ = ["GroupEntry", "RunReader", "RunSnapshot"]
 
 PREVIEW_CHARS = 80
 MAX_PROBLEMS = 50
 """Problems listed one by one; more are counted, so a badly damaged file stays readable."""
+
+
+def _long_line(path: Path, number: int) -> RunFileError:
+    return RunFileError(f"{path}: line {number} is longer than {LINE_CAP:,} bytes")
 
 
 @dataclass(slots=True)
@@ -44,28 +58,38 @@ class _Tail:
     rest: bytes = b""
 
     def new_lines(self) -> tuple[list[tuple[int, bytes]], bool]:
-        """Lines appended since the last call, numbered from 1, and whether it restarted."""
+        """Lines appended since the last call, numbered from 1, and whether it restarted.
+
+        Raises:
+            RunFileError: the file is not a regular file, is over its cap, or holds a line
+                longer than `LINE_CAP`.
+        """
         try:
-            st = os.stat(self.path)
+            fd, size = open_regular(self.path, JSONL_CAP)
         except FileNotFoundError:
             restarted = self.inode is not None
             self.offset, self.inode, self.line_no, self.rest = 0, None, 0, b""
             return [], restarted
-        restarted = False
-        if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
-            self.offset, self.line_no, restarted = 0, 0, True
-        self.inode = st.st_ino
-        if st.st_size == self.offset:
-            return [], restarted
-        with open(self.path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
+            inode = os.fstat(f.fileno()).st_ino
+            restarted = False
+            if self.inode is not None and (inode != self.inode or size < self.offset):
+                self.offset, self.line_no, restarted = 0, 0, True
+            self.inode = inode
+            if size == self.offset:
+                return [], restarted
             f.seek(self.offset)
-            data = f.read(st.st_size - self.offset)
+            data = f.read(size - self.offset)
         end = data.rfind(b"\n") + 1
+        if len(data) - end > LINE_CAP:
+            raise _long_line(self.path, self.line_no + 1)
         self.offset += end
         self.rest = data[end:]
         lines = []
         for raw in data[:end].split(b"\n")[:-1]:
             self.line_no += 1
+            if len(raw) > LINE_CAP:
+                raise _long_line(self.path, self.line_no)
             lines.append((self.line_no, raw))
         return lines, restarted
 
@@ -128,6 +152,49 @@ def _with_advantages(group: Group, rows: list[dict[str, Any]]) -> None:
         row.setdefault("adv", None)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _strings(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(v, str) for v in x)
+
+
+_FIELDS: dict[str, tuple[str, Any]] = {
+    "kind": ("a string", lambda x: isinstance(x, str) and len(x) <= 64),
+    "step": ("a whole number >= 0", lambda x: _is_int(x) and x >= 0),
+    "time": ("a number", _is_number),
+    "label": ("a string", lambda x: isinstance(x, str)),
+    "return": ("a number", lambda x: x is None or _is_number(x)),
+    "train_return": ("a number", lambda x: x is None or _is_number(x)),
+    "stderr": ("a number", lambda x: x is None or _is_number(x)),
+    "hands": ("a whole number", lambda x: x is None or _is_int(x)),
+    "ci": ("two numbers", lambda x: isinstance(x, list) and len(x) == 2),
+    "return_ci": ("two numbers", lambda x: isinstance(x, list) and len(x) == 2),
+    "groups": ("a list of group ids", _strings),
+    "refused": ("a list of strings", _strings),
+    "policy": (
+        "a policy record or a version",
+        lambda x: _is_int(x) or (isinstance(x, dict) and _is_int(x.get("version"))),
+    ),
+}
+"""The run-log fields the page reads, and what each must be: a record that breaks one is
+listed as damaged, not shown (the page never has to guess what a string `step` means)."""
+
+
+def _misfit(record: dict[str, Any]) -> str | None:
+    """Why `record` is not a run-log record the page can show, or None."""
+    for name, (what, fits) in _FIELDS.items():
+        if name in record and not fits(record[name]):
+            got = type(record[name]).__name__
+            return f"{name} is {got} {_preview(json.dumps(record[name]).encode())!r}, not {what}"
+    return None
+
+
 class _Problems:
     """Problems of one file, listed up to `MAX_PROBLEMS`, then counted."""
 
@@ -178,8 +245,11 @@ class RunReader:
         summary = self._json_file(
             "summary.json", problems, "the run has not finished (or was cut off before it did)"
         )
-        self._read_metrics()
-        self._read_groups()
+        for read in (self._read_metrics, self._read_groups):
+            try:
+                read()
+            except RunFileError as exc:  # a FIFO, a device, a file or line over its cap
+                problems.append(str(exc))
         for tail, name in ((self._metrics, "metrics.jsonl"), (self._groups, "groups.jsonl")):
             if not tail.path.exists():
                 problems.append(f"{name} is missing")
@@ -203,11 +273,14 @@ class RunReader:
     def _json_file(self, name: str, problems: list[str], why: str) -> dict[str, Any] | None:
         path = self.run_dir / name
         try:
-            value = json.loads(path.read_bytes())
+            value = json.loads(read_regular(path, JSON_CAP))
         except FileNotFoundError:
             problems.append(f"{name} is missing: {why}")
             return None
-        except (OSError, ValueError) as exc:
+        except RunFileError as exc:
+            problems.append(f"{name}: {exc}")
+            return None
+        except (OSError, ValueError, RecursionError) as exc:
             problems.append(f"{name} does not read as JSON ({exc})")
             return None
         if not isinstance(value, dict):
@@ -227,6 +300,10 @@ class RunReader:
                 continue
             if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
                 self._metric_problems.add(f"metrics.jsonl: line {number} is not a run-log record")
+                continue
+            wrong = _misfit(record)
+            if wrong is not None:
+                self._metric_problems.add(f"metrics.jsonl: line {number}: {wrong}")
                 continue
             self._metric_records.append(record)
 
@@ -255,10 +332,15 @@ class RunReader:
 
     def _quarantine(self, problems: list[str]) -> dict[str, Any] | None:
         path = self.run_dir / "quarantine.json"
-        if not path.exists():
-            return None
         try:
-            return read_report(path).model_dump(mode="json")
+            raw = read_regular(path, JSON_CAP)
+        except FileNotFoundError:
+            return None
         except PliesError as exc:
             problems.append(f"quarantine.json: {exc}")
+            return None
+        try:
+            return QuarantineReport.model_validate_json(raw).model_dump(mode="json")
+        except ValidationError as exc:
+            problems.append(f"quarantine.json is not a quarantine report: {first_error(exc)}")
             return None

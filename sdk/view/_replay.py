@@ -26,21 +26,24 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from anyio.abc import Process
+from pydantic import ValidationError
 
-from plies import ConfigError, Group, PolicyRef, Trajectory, Turn
+from plies import ConfigError, Group, PliesError, PolicyRef, Trajectory, Turn
 from plies.policy import SamplingParams, VLLMClient, policy_path, publish, turn_seed
-from plies.runtime import read_groups
 from plies.testing import ServerProcess, plies_command, serve_process
+
+from ._files import JSON_CAP, JSONL_CAP, first_error, iter_lines, read_regular
 
 __all__ = [
     "MemberReplay",
     "TurnReplay",
     "local_policy",
+    "read_run_groups",
     "replay_group",
     "replay_server",
     "run_record",
@@ -99,8 +102,10 @@ def run_record(run_dir: Path, hint: str) -> dict:
     """
     path = Path(run_dir) / "run.json"
     try:
-        run = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        run = json.loads(read_regular(path, JSON_CAP))
+    except ConfigError as exc:  # not a regular file, or over the cap
+        raise ConfigError(f"{exc}{hint}") from None
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{path} does not read ({exc}){hint}") from None
     if not isinstance(run, dict):
         raise ConfigError(f"{path} is not a run record (a JSON object){hint}")
@@ -123,22 +128,46 @@ def sampling_of(run_dir: Path) -> SamplingParams:
         ConfigError: `run.json` is missing or records neither.
     """
     run = run_record(run_dir, "; pass --max-tokens")
-    if isinstance(run.get("sampling"), dict):
-        return SamplingParams.model_validate(run["sampling"])
-    budget = run.get("budget") if isinstance(run.get("budget"), dict) else {}
-    if isinstance(budget.get("max_new_tokens"), int):  # the Blackjack recipe: temperature 1
-        # and the budget's top_p (a run recorded before the field sampled the whole vocabulary)
-        top_p = budget.get("top_p", 1.0)
-        return SamplingParams(max_tokens=budget["max_new_tokens"], temperature=1.0, top_p=top_p)
+    path = run_dir / "run.json"
+    try:
+        if isinstance(run.get("sampling"), dict):
+            return SamplingParams.model_validate(run["sampling"])
+        budget = run.get("budget") if isinstance(run.get("budget"), dict) else {}
+        if isinstance(budget.get("max_new_tokens"), int):  # the Blackjack recipe: temperature
+            # 1 and the budget's top_p (a run recorded before the field sampled all the vocabulary)
+            top_p = budget.get("top_p", 1.0)
+            return SamplingParams(max_tokens=budget["max_new_tokens"], temperature=1.0, top_p=top_p)
+    except ValidationError as exc:
+        why = first_error(exc)
+        raise ConfigError(f"{path} records sampling that is not valid: {why}") from None
     raise ConfigError(f"{run_dir / 'run.json'} records no sampling parameters; pass --max-tokens")
 
 
+def read_run_groups(run_dir: Path) -> Iterator[tuple[int, Group | None]]:
+    """`groups.jsonl`'s groups with their line numbers; None for a line that is no group.
+
+    Raises:
+        ConfigError: the file is missing, not a regular file, or over its caps.
+    """
+    path = run_dir / "groups.jsonl"
+    try:
+        for number, raw in iter_lines(path, JSONL_CAP):
+            try:
+                yield number, Group.model_validate_json(raw)
+            except (ValueError, ValidationError, PliesError):  # a torn or foreign line
+                yield number, None
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is missing") from None
+
+
 def _find_group(run_dir: Path, group_id: str) -> Group:
-    read = read_groups(run_dir / "groups.jsonl")
-    for group in read.records:
-        if group.id == group_id:
+    seen: list[str] = []
+    for _, group in read_run_groups(run_dir):
+        if group is not None and group.id == group_id:
             return group
-    known = ", ".join(g.id for g in read.records[:8]) or "none"
+        if group is not None and len(seen) < 8:
+            seen.append(group.id)
+    known = ", ".join(seen) or "none"
     raise ConfigError(f"no group {group_id!r} in {run_dir / 'groups.jsonl'} (first ids: {known})")
 
 
@@ -167,7 +196,10 @@ def local_policy(run_dir: Path, recorded: PolicyRef) -> PolicyRef:
             f"policy v{recorded.version} ({recorded.uri}) is neither where it was published "
             f"nor in {copy.parent}"
         )
-    found = PolicyRef.model_validate_json(copy.read_text())
+    try:
+        found = PolicyRef.model_validate_json(read_regular(copy, JSON_CAP))
+    except ValidationError as exc:
+        raise ConfigError(f"{copy} is not a policy record: {first_error(exc)}") from None
     if recorded.digest and found.digest != recorded.digest:
         raise ConfigError(
             f"{copy.parent} holds weights {found.digest}, not the recorded {recorded.digest}"
@@ -268,8 +300,8 @@ async def replay_server(
 def _retention_of(run_dir: Path, version: int) -> object | None:
     """The run's `--keep-policies` when its `retention.json` lists `version` as removed."""
     try:
-        record = json.loads((run_dir / "retention.json").read_text())
-    except (OSError, ValueError):
+        record = json.loads(read_regular(run_dir / "retention.json", JSON_CAP))
+    except (OSError, ValueError, RecursionError):  # ConfigError is a ValueError
         return None
     if not isinstance(record, dict) or version not in (record.get("removed") or []):
         return None

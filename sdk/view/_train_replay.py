@@ -31,12 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from plies import ConfigError, Group, PolicyRef
 from plies.policy import policy_path
-from plies.runtime import read_groups
 from plies.training import Trainer, TrainingClient
 
-from ._replay import local_policy, replay_server, run_record
+from ._files import JSONL_CAP, first_error, iter_lines
+from ._replay import local_policy, read_run_groups, replay_server, run_record
 
 __all__ = ["MetricReplay", "StepFn", "StepReplay", "replay_step"]
 
@@ -95,23 +97,31 @@ class StepReplay:
 
 
 def _records(run_dir: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """The run log's records, and the numbers of the lines that are none (torn by a crash)."""
+    """The run log's records, and the numbers of the lines that are none (torn by a crash).
+
+    Raises:
+        ConfigError: the log is missing, not a regular file, or over its caps.
+    """
     path = run_dir / "metrics.jsonl"
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"{path} does not read ({exc.strerror or exc})") from None
     out, torn = [], []
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict):
-            out.append(record)
-        elif line.strip():
-            torn.append(number)
+    try:
+        for number, line in iter_lines(path, JSONL_CAP):
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
+                record = None
+            if isinstance(record, dict):
+                out.append(record)
+            elif line.strip():
+                torn.append(number)
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is missing") from None
     return out, torn
+
+
+def _whole(record: dict[str, Any]) -> bool:
+    step = record.get("step")
+    return isinstance(step, int) and not isinstance(step, bool)
 
 
 def _last(records: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any] | None:
@@ -129,12 +139,18 @@ def _start_policy(records: list[dict[str, Any]], step: int, path: Path) -> Polic
         raise ConfigError(
             f"{path} records no {what}, so the policy step {step} began from is unknown"
         )
-    return PolicyRef.model_validate(before["policy"])
+    try:
+        return PolicyRef.model_validate(before["policy"])
+    except ValidationError as exc:
+        what = f"step {step - 1}" if step else "the warm start"
+        raise ConfigError(
+            f"{path}: the policy of {what} is not a policy record: {first_error(exc)}"
+        ) from None
 
 
 def _groups(run_dir: Path, ids: list[str], step: int) -> list[Group]:
-    read = read_groups(run_dir / "groups.jsonl")
-    by_id = {g.id: g for g in read.records}
+    wanted = set(ids)
+    by_id = {g.id: g for _, g in read_run_groups(run_dir) if g is not None and g.id in wanted}
     missing = [g for g in ids if g not in by_id]
     if missing:
         raise ConfigError(
@@ -165,12 +181,15 @@ async def replay_step(
     records, torn = _records(run_dir)
     record = _last(records, "step", step=step)
     if record is None:
-        known = sorted({r["step"] for r in records if r.get("kind") == "step"})
+        known = sorted({r["step"] for r in records if r.get("kind") == "step" and _whole(r)})
         shown = f"{known[0]}..{known[-1]}" if known else "none"
         unread = f"; line(s) {', '.join(map(str, torn))} do not read" if torn else ""
         raise ConfigError(f"{log_path} records no step {step} (steps recorded: {shown}{unread})")
     start = _start_policy(records, step, log_path)
-    groups = _groups(run_dir, list(record.get("groups", [])), step)
+    ids = record.get("groups", [])
+    if not isinstance(ids, list) or not all(isinstance(g, str) for g in ids):
+        raise ConfigError(f"{log_path}: step {step}'s groups are not a list of group ids")
+    groups = _groups(run_dir, ids, step)
     try:
         weights = policy_path(local_policy(run_dir, start))
     except ConfigError as exc:  # most often a retention policy pruned it

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ._load import GroupEntry, RunReader
-from ._page import chunk_json, render_page, run_index
+from ._page import CHUNK_BYTES, chunk_json, packed, render_page, run_index
 from ._tokens import TokenTable, find_tokenizer
 
 __all__ = ["RunView", "write_page"]
@@ -37,7 +37,8 @@ class RunView:
         self._reader = RunReader(self.run_dir)
         self._given = tokenizer
         self._tokens: TokenTable | None = None
-        self._chunks: dict[tuple[int, str], str] = {}
+        self._elements: dict[tuple[int, str], str] = {}
+        self._packs: dict[tuple[tuple[int, str], ...], str] = {}
 
     def page(self, *, live: bool = False, stamp: str = "") -> str:
         """The page as the run directory holds it now.
@@ -51,16 +52,47 @@ class RunView:
         fresh = tokens is None or not (tokens.loaded or self._given)
         if tokens is None or fresh:
             tokens = self._tokens = self._token_table(snap.groups)
-        chunks: dict[tuple[int, str], str] = {}
+        elements: dict[tuple[int, str], str] = {}
         for entry in snap.groups:
             key = (entry.line, entry.group.id)
-            chunk = self._chunks.get(key)
-            if chunk is None or fresh:
+            element = self._elements.get(key)
+            if element is None or fresh:
                 tokens.add(_ids(entry))  # a table loaded just now decodes every group's ids
-            chunks[key] = chunk if chunk is not None else chunk_json(entry.group)
-        self._chunks = chunks
-        index = run_index(snap, tokens, live=live, stamp=stamp)
-        return render_page(index, tokens.texts, chunks.values())
+            elements[key] = element if element is not None else chunk_json(entry.group)
+        self._elements = elements
+        chunks, places = self._chunks_of(list(elements.items()))
+        index = run_index(snap, tokens, places, live=live, stamp=stamp)
+        return render_page(index, tokens.texts, chunks)
+
+    def _chunks_of(
+        self, elements: list[tuple[tuple[int, str], str]]
+    ) -> tuple[list[str], list[tuple[int, int]]]:
+        """Consecutive groups packed into chunks of about `CHUNK_BYTES`; each chunk is
+        compressed once and reused while its groups stay the same (a live run appends)."""
+        chunks: list[str] = []
+        places: list[tuple[int, int]] = []
+        packs: dict[tuple[tuple[int, str], ...], str] = {}
+        run: list[tuple[tuple[int, str], str]] = []
+        size = 0
+
+        def close() -> None:
+            nonlocal run, size
+            keys = tuple(k for k, _ in run)
+            text = self._packs.get(keys) or packed("[" + ",".join(e for _, e in run) + "]")
+            packs[keys] = text
+            chunks.append(text)
+            run, size = [], 0
+
+        for key, element in elements:
+            places.append((len(chunks), len(run)))
+            run.append((key, element))
+            size += len(element)
+            if size >= CHUNK_BYTES:
+                close()
+        if run:
+            close()
+        self._packs = packs
+        return chunks, places
 
     def _token_table(self, groups: list[GroupEntry]) -> TokenTable:
         """Load the tokenizer; while a run has none yet, look again at the next page."""

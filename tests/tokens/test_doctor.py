@@ -83,3 +83,20 @@ def test_doctor_rejects_a_missing_directory(tmp_path):
     result = CliRunner().invoke(app, ["doctor", str(tmp_path / "nope"), "--json"])
     assert result.exit_code == 2
     assert "not a directory" in result.output
+
+
+def test_doctor_on_a_directory_without_a_tokenizer_is_one_line(tmp_path):
+    """A folder that holds no tokenizer (`plies doctor docs`): one line and exit 2, no traceback."""
+    import subprocess
+
+    from plies.testing import plies_command
+
+    (tmp_path / "notes.md").write_text("no tokenizer here\n")
+    for folder in (tmp_path, Path(__file__).parents[2] / "docs"):
+        result = subprocess.run(
+            plies_command("doctor", str(folder)), capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 2, result.stderr[-2000:]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert lines[0].startswith(f"plies doctor: {folder} holds no tokenizer that loads")

@@ -42,12 +42,14 @@ def _tok(qwen3_tokenizer_dir: Path, *added: str):
 
 
 def _full(tok, messages, tools=None, generation_prompt=True):
+    """The whole render, control-token text in content encoded as plain text (docs/tito.md)."""
     return tok.apply_chat_template(
         messages,
         tools=tools,
         add_generation_prompt=generation_prompt,
         tokenize=True,
         return_dict=False,
+        sanitize_control_tokens=True,
     )
 
 

@@ -39,6 +39,25 @@ def js(browser, script: str, *args):
     return browser.execute_script(script, *args)
 
 
+def select(browser, g: int, m: int) -> None:
+    """Open member `m` of group `g` and wait until it is on screen (its chunk inflated)."""
+    browser.execute_async_script(
+        "Promise.resolve(window.plies.select(arguments[0], arguments[1]))"
+        ".then(arguments[arguments.length - 1])",
+        g,
+        m,
+    )
+
+
+def wait_shown(browser, g: int, m: int) -> None:
+    """Wait until the episode a click opened is on screen (chunks inflate asynchronously)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, 30).until(
+        lambda d: d.execute_script("return document.body.dataset.shown") == f"{g}:{m}"
+    )
+
+
 TURNS_SHOWN = """
 const toks = (t, part) => [...t.querySelectorAll(part + ' .tok')].map(
     s => [Number(s.dataset.id), s.dataset.mask, s.dataset.lp, s.textContent]);
@@ -122,6 +141,7 @@ def test_a_trajectorys_tokens_masks_and_logprobs_match_groups_jsonl(
     )
     traj = groups.records[g].trajectories[m]
     browser.find_element(By.CSS_SELECTOR, f'tr.member[data-g="{g}"][data-m="{m}"]').click()
+    wait_shown(browser, g, m)
     turns = js(browser, TURNS_SHOWN)
     assert len(turns) == len(traj.turns) >= 1
     for shown, turn in zip(turns, traj.turns, strict=True):
@@ -202,7 +222,9 @@ def test_filters_on_status_fallback_and_ill_formed(
     assert member_counts(browser) == (want, want) and want > 0
     Select(browser.find_element(By.ID, "f-status")).select_by_value("quarantined")
     assert member_counts(browser) == (1, 1)
-    browser.find_element(By.CSS_SELECTOR, "tr.member").click()
+    row = browser.find_element(By.CSS_SELECTOR, "tr.member")
+    row.click()
+    wait_shown(browser, row.get_attribute("data-g"), row.get_attribute("data-m"))
     leases = js(browser, "return document.getElementById('traj-quarantined').innerText")
     assert "sbx-9" in leases and "refused: failed_member" in js(
         browser, "return document.getElementById('traj').innerText"
@@ -237,7 +259,7 @@ def test_a_10000_turn_run_opens_in_under_2_s(
     ready_ms = open_page(browser, page.as_uri())
     wall = time.perf_counter() - t0
     t0 = time.perf_counter()
-    js(browser, "window.plies.select(249, 3)")
+    select(browser, 249, 3)
     shown = len(js(browser, "return document.querySelectorAll('#traj .turn')"))
     opened = time.perf_counter() - t0
     print(
