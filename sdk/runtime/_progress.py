@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
-from ._driver import DriverStatistics, RolloutDriver
+from ._admission import DriverStatistics
+from ._driver import RolloutDriver
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -32,7 +32,7 @@ from typing import IO, Any, Protocol, TypeVar
 import anyio
 from anyio import CancelScope
 
-from ._driver import DriverState, DriverStatistics
+from ._admission import DriverState, DriverStatistics
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "Interrupts", "run"]
 

@@ -17,15 +17,17 @@ Everything else in the recipe sees only the `Trainer` protocol and a sampler tha
 from __future__ import annotations
 
 import os
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anyio.abc import Process
 from rich.console import Console
 
 from plies import ConfigError, PolicyError, PolicyRef, TrainingError
 from plies.policy import TinkerPolicyClient, VLLMClient
+from plies.testing import ServerProcess
 from plies.training import TinkerTrainingClient, Trainer, TrainingClient
 
 from .config import DemoConfig
@@ -36,9 +38,10 @@ if TYPE_CHECKING:
 
     from transformers import PreTrainedTokenizerBase
 
-    from .run import Serving
+__all__ = ["Clients", "Serving", "last_policy", "open_clients"]
 
-__all__ = ["Clients", "last_policy", "open_clients"]
+Serving = AbstractAsyncContextManager[ServerProcess[Process]]
+"""A server started on entry and stopped on exit (`open_clients` starts `plies serve` so)."""
 
 LOCAL_KEY = "tml-local"
 """The API key sent to the embedded server (the SDK insists on a `tml-` key; it ignores it)."""
