@@ -8,7 +8,8 @@ What a caller sees is the same for both, so it lives here once, in `DriverBase`:
   far ahead of training); `set_policy` moves the policy forward only;
 - stopping, in the three steps of Ctrl-C (`Stop`): `close_admission` (drain), `cancel`,
   `abort`, each applied once and never undone; `stop` and `wait_drained` wait for the drain;
-- counts: `poll()` returns one `DriverStatistics` record;
+- counts: `statistics()` returns one frozen `DriverStatistics` record, as pools and
+  resources scopes do;
 - results: `collect()` and `groups()` take complete groups from the `Handout`, each on disk
   first.
 
@@ -70,7 +71,7 @@ class Stop(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class DriverStatistics:
-    """What `poll()` returns: episode and group counts, plus the lease accounting."""
+    """What `statistics()` returns: episode and group counts, plus the lease accounting."""
 
     state: DriverState
     admitted_groups: int
@@ -259,7 +260,7 @@ class DriverBase:
 
     # results ----------------------------------------------------------------------------------
 
-    def poll(self) -> DriverStatistics:
+    def statistics(self) -> DriverStatistics:
         """Counts now: admitted, running, settled by status, lease accounting."""
         counts = self._episode_counts()
         return DriverStatistics(

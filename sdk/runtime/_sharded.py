@@ -2,7 +2,7 @@
 
 Why: one process drives many concurrent episodes until its per-turn CPU is the bound. Past
 that, more processes (on one machine, or on a Ray cluster) each run a `RolloutDriver` of their
-own, and the head, the process that trains, sees one driver: `admit` / `poll` / `collect` /
+own, and the head, the process that trains, sees one driver: `admit` / `statistics` / `collect` /
 `groups` / `stop`, one merged stream of complete groups, one quarantine report.
 
 How it is split:
@@ -68,7 +68,7 @@ __all__ = ["ShardLost", "ShardStatistics", "ShardedDriver"]
 log = logging.getLogger("plies.runtime")
 
 DEFAULT_SHARD_EXIT_TIMEOUT = 60.0
-"""Seconds the head waits at exit for shards to settle and report, past their own grace."""
+"""Seconds the head waits at exit for shards to finish and report, past their own grace."""
 PULL_LINGER = 0.02
 """After a shard's first complete group, seconds it waits for more before replying."""
 PULL_TIMEOUT = 0.25
@@ -114,7 +114,7 @@ class _Shard:
         self.admit_calls = 0
         """Admission calls handed to Ray so far; a drain is ordered after them."""
         self.held: dict[str, tuple[GroupSpec, PolicyRef]] = {}
-        """Groups placed here and not back yet, by id."""
+        """Groups placed here and not back yet, by id (those in `outbox` included)."""
         self.counts = Counts(0, 0.0, 0, {}, 0, policy, ResourcesStatistics(0, 0, 0, 0, 0, ()))
         self.received: dict[Status, int] = dict.fromkeys(Status, 0)
         self.records: list[QuarantineRecord] = []
@@ -157,8 +157,9 @@ def _import_ray() -> Any:
 class ShardedDriver(DriverBase):
     """Runs episodes on `shards` Ray actors and yields their complete groups in the head.
 
-    It behaves like `RolloutDriver` (the same `admit`, `admit_nowait`, `poll`, `collect`,
-    `groups`, `stop`, `close_admission`, `cancel`, `abort`, `set_policy`), and
+    It is a `RolloutDriver` to its caller: the same `DriverBase` (`admit`, `admit_nowait`,
+    `statistics`, `collect`, `groups`, `stop`, `close_admission`, `cancel`, `abort`,
+    `set_policy`), written once; this class holds only the shards' transport and lifecycle. And
     `Interrupts.attach` takes it, so `plies.runtime.run` gives it the same three Ctrl-C
     steps, applied to every shard.
 
@@ -176,7 +177,7 @@ class ShardedDriver(DriverBase):
             down when it closes; one that was running already is left running.
         actor_options: passed to `.options()` of each actor (default `num_cpus=1`), e.g.
             `{"num_cpus": 4}` or a `scheduling_strategy` to spread shards over nodes.
-        exit_timeout: seconds the head waits at exit for shards to settle before it counts
+        exit_timeout: seconds the head waits at exit for shards to finish before it counts
             them lost.
 
     Example::
@@ -281,7 +282,7 @@ class ShardedDriver(DriverBase):
         """Drain (or, on an error or cancellation, cancel) every shard, then close.
 
         Whatever ends the body, the head waits (up to `exit_timeout`) for every shard to
-        settle and hand back its groups and records, writes them, then kills the actors.
+        finish and hand back its groups and records, writes them, then kills the actors.
         """
         if exc is None:
             self.close_admission()
@@ -302,7 +303,7 @@ class ShardedDriver(DriverBase):
             with CancelScope(shield=True):
                 while self._handout.writing:
                     await self._handout.wait()
-                self._say_unsettled()
+                self._say_what_is_left()
         finally:
             await self._teardown()
         if exc is None:
@@ -407,7 +408,7 @@ class ShardedDriver(DriverBase):
         if not shard.alive:
             return
         shard.alive = False
-        held = list(shard.held.values()) + shard.outbox
+        held = list(shard.held.values())  # the outbox's groups are held too
         shard.held.clear()
         shard.outbox = []
         shard.lost = len(held)
@@ -449,8 +450,8 @@ class ShardedDriver(DriverBase):
         )
         self._handout.add(group, self.sink)
 
-    def _say_unsettled(self) -> None:
-        """One line per shard when the run was cancelled, or a shard has something unsettled:
+    def _say_what_is_left(self) -> None:
+        """One line per shard when the run was cancelled, or a shard left something behind:
         its quarantined leases (and how many may still exist), its groups lost."""
         cancelled = self._stop is not None and self._stop >= Stop.CANCEL
         for shard in self._shards:
@@ -486,7 +487,7 @@ class ShardedDriver(DriverBase):
 
     def _place(self, spec: GroupSpec, policy: PolicyRef) -> None:
         """Queue the group for the shard with the fewest groups in flight."""
-        shard = min((s for s in self._shards if s.alive), key=lambda s: len(s.held) + len(s.outbox))
+        shard = min((s for s in self._shards if s.alive), key=lambda s: len(s.held))
         shard.held[spec.id] = (spec, policy)
         shard.outbox.append((spec, policy))
         shard.outbox_event.set()
@@ -508,7 +509,7 @@ class ShardedDriver(DriverBase):
             shard.outbox_event.set()  # an idle admit loop sees admission closed and ends
 
     def _busy(self) -> bool:
-        return any(s.held or s.outbox for s in self._shards)
+        return any(s.held for s in self._shards)
 
     def _episode_counts(self) -> EpisodeCounts:
         """Over every shard, each as of its last reply."""
@@ -540,7 +541,7 @@ class ShardedDriver(DriverBase):
                 pid=s.counts.pid,
                 cpu_s=s.counts.cpu_s,
                 alive=s.alive,
-                groups_in_flight=len(s.held) + len(s.outbox),
+                groups_in_flight=len(s.held),
                 groups_lost=s.lost,
                 running=s.counts.running if s.alive else 0,
                 turns=s.counts.turns,

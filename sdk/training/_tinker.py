@@ -522,7 +522,7 @@ class TinkerTrainingClient(AsyncLifecycle):
         return result
 
     def _outcome(self, q: _InFlight) -> Any:
-        """The result of a settled op, or the plies error its failure means."""
+        """The result of an op whose outcome is known, or the plies error its failure means."""
         import tinker
 
         assert q.waiter is not None

@@ -265,6 +265,7 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
             console=console,
             interrupts=interrupts,
             progress=progress,
+            policy_service=clients.policy_service,
         )
         try:
             await _phases(state)
