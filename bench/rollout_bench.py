@@ -414,7 +414,7 @@ async def measure(
                             if profiles is not None:
                                 (profiles.main.enable if not cpu else profiles.main.disable)()
                             cpu.append(time.process_time())
-                            marks.append(d.poll().turns)
+                            marks.append(d.statistics().turns)
                             if stages is not None:
                                 stage_marks.append(dict(stages.cpu))
 
@@ -447,7 +447,7 @@ async def measure(
                             assert len(traj.turns) == turns, len(traj.turns)
                             fallbacks += sum(t.fallback is not None for t in traj.turns[1:])
                             later += sum(t.extends for t in traj.turns[1:])
-                    done = d.poll()
+                    done = d.statistics()
                 assert done.leases.balanced and done.leases.released == done.settled_total
         finally:
             if sink is not None:

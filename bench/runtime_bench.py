@@ -265,7 +265,7 @@ async def measure(
                 tg.start_soon(admit)
                 async for group in d.groups():
                     assert group.trajectories[0].status.value == "completed", group
-            done = d.poll()
+            done = d.statistics()
         assert done.leases.balanced and done.leases.released == done.settled_total, done
     in_window = sum(t_a <= t < t_b for t in recorded)
     return Row(in_window, t_b - t_a, cpu[1] - cpu[0], recorded[concurrency - 1] - t0)

@@ -103,7 +103,7 @@ async def measure_sharded(
             async def clock() -> None:
                 for t in (t_a, t_b):
                     await anyio.sleep(t - time.perf_counter())
-                    marks.append(d.poll().turns)
+                    marks.append(d.statistics().turns)
                     shards_cpu = sum(s.cpu_s for s in d.shard_statistics())
                     head.append(time.process_time())
                     cpu.append(shards_cpu)
@@ -122,7 +122,7 @@ async def measure_sharded(
                     traj = group.trajectories[0]
                     assert traj.status.value == "completed", traj.error
                     assert len(traj.turns) == setup.turns, len(traj.turns)
-            done = d.poll()
+            done = d.statistics()
         assert done.leases.balanced and done.leases.released == done.settled_total
     return marks[1] - marks[0], t_b - t_a, head[1] - head[0], cpu[1] - cpu[0]
 

@@ -18,8 +18,8 @@ import inspect
 
 from .._durable import fsync_dir as fsync_dir
 from .._durable import write_atomic as write_atomic
-from ._driver import DriverState as DriverState
-from ._driver import DriverStatistics as DriverStatistics
+from ._admission import DriverState as DriverState
+from ._admission import DriverStatistics as DriverStatistics
 from ._driver import RolloutDriver as RolloutDriver
 from ._episode import EpisodeContext as EpisodeContext
 from ._episode import GroupSpec as GroupSpec

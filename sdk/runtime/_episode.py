@@ -1,28 +1,28 @@
-"""What one episode sees (`GroupSpec`, `EpisodeContext`) and how its record is settled.
+"""What one episode sees (`GroupSpec`, `EpisodeContext`) and how its final record is made.
 
 The driver runs episodes; this module holds the two things an episode author deals with,
 the spec it was admitted from and the context it gets, and the one rule that turns what an
 episode left behind (a trajectory, an error, a cancellation, quarantined leases) into its
-final, settled record.
+final record (`final_record`). The context knows nothing of the driver that made it: it is
+handed the resources scope and a callback that counts each turn recorded, which is all a
+driver's counts need from it.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._exceptions import ConfigError
 from ..trajectory import PolicyRef, Status, Trajectory, Turn
 from ._lease import Lease, LeaseState
 from ._pool import Pool
+from ._resources import RolloutResources
 
-if TYPE_CHECKING:
-    from ._driver import RolloutDriver
-
-__all__ = ["EpisodeContext", "GroupSpec", "settle_episode"]
+__all__ = ["EpisodeContext", "GroupSpec", "final_record"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +62,12 @@ class EpisodeContext:
         policy_ref: the policy the group was admitted under; pass it to `sample(policy=)`.
         trajectory: a fresh trajectory with the ids filled in; record turns on it.
         resources: the `RolloutResources` scope.
+        turns_counted: turns recorded through `add_turn` (the driver counts the rest of
+            the returned trajectory's turns when the episode ends).
     """
 
     __slots__ = (
-        "_counted",
-        "_driver",
+        "_count_turn",
         "_leases",
         "group_id",
         "index",
@@ -75,13 +76,21 @@ class EpisodeContext:
         "task",
         "task_id",
         "trajectory",
+        "turns_counted",
     )
 
-    def __init__(self, driver: RolloutDriver, spec: GroupSpec, index: int, policy: PolicyRef):
-        self._driver = driver
+    def __init__(
+        self,
+        resources: RolloutResources,
+        spec: GroupSpec,
+        index: int,
+        policy: PolicyRef,
+        count_turn: Callable[[], None],
+    ):
+        self._count_turn = count_turn
         self._leases: list[Lease[Any]] = []
-        self._counted = 0
-        self.resources = driver.resources
+        self.turns_counted = 0
+        self.resources = resources
         self.task = spec.task
         self.task_id = spec.task_id
         self.group_id = spec.id
@@ -110,14 +119,14 @@ class EpisodeContext:
     def add_turn(self, turn: Turn) -> None:
         """Append a turn to `trajectory` and count it for turns/s."""
         self.trajectory.turns.append(turn)
-        self._counted += 1
-        self._driver._turns += 1
+        self.turns_counted += 1
+        self._count_turn()
 
 
-def settle_episode(
+def final_record(
     ctx: EpisodeContext, result: Trajectory | None, error: Exception | None
 ) -> Trajectory:
-    """The episode's final record: its status, ids, error and quarantined leases.
+    """The episode's final (settled) record: its status, ids, error and quarantined leases.
 
     - it returned `result`: its own status, `completed` when it set none; but `quarantined`
       when an operation on one of its leases did not settle, since what that operation did

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
-from ._driver import DriverStatistics, RolloutDriver
+from ._admission import DriverStatistics
+from ._driver import RolloutDriver
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -76,10 +77,10 @@ class LiveProgress:
         return self
 
     async def _update(self) -> None:
-        last_turns, last_t = self.driver.poll().turns, anyio.current_time()
+        last_turns, last_t = self.driver.statistics().turns, anyio.current_time()
         while True:
             await anyio.sleep(self.refresh_s)
-            stats = self.driver.poll()
+            stats = self.driver.statistics()
             now = anyio.current_time()
             rate = (stats.turns - last_turns) / max(now - last_t, 1e-9)
             last_turns, last_t = stats.turns, now

@@ -235,7 +235,7 @@ class ShardActor:
         if driver is None or res is None:
             empty = ResourcesStatistics(0, 0, 0, 0, 0, ())
             return Counts(os.getpid(), time.process_time(), 0, {}, 0, self._policy, empty)
-        s = driver.poll()
+        s = driver.statistics()
         return Counts(
             os.getpid(),
             time.process_time(),

@@ -2,7 +2,7 @@
 
 Why: one process drives many concurrent episodes until its per-turn CPU is the bound. Past
 that, more processes (on one machine, or on a Ray cluster) each run a `RolloutDriver` of their
-own, and the head, the process that trains, sees one driver: `admit` / `poll` / `collect` /
+own, and the head, the process that trains, sees one driver: `admit` / `statistics` / `collect` /
 `groups` / `stop`, one merged stream of complete groups, one quarantine report.
 
 How it is split:
@@ -39,20 +39,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio import CancelScope, WouldBlock
+from anyio import CancelScope
 from anyio.abc import TaskGroup
 
-from .._exceptions import AdmissionClosed, ConfigError, PliesError, UsageError
+from .._exceptions import ConfigError, PliesError, UsageError
 from ..trajectory import Group, PolicyRef, Status, Trajectory
-from ._driver import (
+from ._admission import (
     DEFAULT_MAX_GROUPS_IN_FLIGHT,
     DriverBase,
     DriverState,
-    DriverStatistics,
+    EpisodeCounts,
+    Stop,
 )
 from ._episode import GroupSpec
 from ._handout import Handout
@@ -67,7 +68,7 @@ __all__ = ["ShardLost", "ShardStatistics", "ShardedDriver"]
 log = logging.getLogger("plies.runtime")
 
 DEFAULT_SHARD_EXIT_TIMEOUT = 60.0
-"""Seconds the head waits at exit for shards to settle and report, past their own grace."""
+"""Seconds the head waits at exit for shards to finish and report, past their own grace."""
 PULL_LINGER = 0.02
 """After a shard's first complete group, seconds it waits for more before replying."""
 PULL_TIMEOUT = 0.25
@@ -113,7 +114,7 @@ class _Shard:
         self.admit_calls = 0
         """Admission calls handed to Ray so far; a drain is ordered after them."""
         self.held: dict[str, tuple[GroupSpec, PolicyRef]] = {}
-        """Groups placed here and not back yet, by id."""
+        """Groups placed here and not back yet, by id (those in `outbox` included)."""
         self.counts = Counts(0, 0.0, 0, {}, 0, policy, ResourcesStatistics(0, 0, 0, 0, 0, ()))
         self.received: dict[Status, int] = dict.fromkeys(Status, 0)
         self.records: list[QuarantineRecord] = []
@@ -156,8 +157,9 @@ def _import_ray() -> Any:
 class ShardedDriver(DriverBase):
     """Runs episodes on `shards` Ray actors and yields their complete groups in the head.
 
-    It behaves like `RolloutDriver` (the same `admit`, `admit_nowait`, `poll`, `collect`,
-    `groups`, `stop`, `close_admission`, `cancel`, `abort`, `set_policy`), and
+    It is a `RolloutDriver` to its caller: the same `DriverBase` (`admit`, `admit_nowait`,
+    `statistics`, `collect`, `groups`, `stop`, `close_admission`, `cancel`, `abort`,
+    `set_policy`), written once; this class holds only the shards' transport and lifecycle. And
     `Interrupts.attach` takes it, so `plies.runtime.run` gives it the same three Ctrl-C
     steps, applied to every shard.
 
@@ -175,7 +177,7 @@ class ShardedDriver(DriverBase):
             down when it closes; one that was running already is left running.
         actor_options: passed to `.options()` of each actor (default `num_cpus=1`), e.g.
             `{"num_cpus": 4}` or a `scheduling_strategy` to spread shards over nodes.
-        exit_timeout: seconds the head waits at exit for shards to settle before it counts
+        exit_timeout: seconds the head waits at exit for shards to finish before it counts
             them lost.
 
     Example::
@@ -205,30 +207,25 @@ class ShardedDriver(DriverBase):
     ):
         if shards < 1:
             raise ConfigError(f"shards must be at least 1, got {shards}")
-        if max_groups_in_flight < 1:
-            raise ConfigError(
-                f"max_groups_in_flight must be at least 1, got {max_groups_in_flight}"
-            )
+        self._writer = DurableWriter(self._report_write if report_path is not None else None)
+        super().__init__(
+            policy=policy,
+            max_groups_in_flight=max_groups_in_flight,
+            handout=Handout(self._writer),
+        )
         self.shards = shards
         self.sink = sink
-        self.max_groups_in_flight = max_groups_in_flight
         self.report_path = Path(report_path) if report_path is not None else None
         self.run_id = run_id or uuid.uuid4().hex
         self.address = address
         self.actor_options = {"num_cpus": 1, **(actor_options or {})}
         self.exit_timeout = exit_timeout
-        self.state = DriverState.UNOPENED
         self._make_shard = make_shard
-        self._policy = policy
         self._ray: Any = None
         self._owns_ray = False
         self._shards: list[_Shard] = []
-        self._writer = DurableWriter(self._report_write if self.report_path is not None else None)
         self._writer_tg: TaskGroup | None = None
         self._tg: TaskGroup | None = None
-        self._step = 0
-        self._handout = Handout(self._writer)
-        self._admitted_groups = self._admitted = 0
 
     def __repr__(self) -> str:
         alive = sum(s.alive for s in self._shards)
@@ -285,7 +282,7 @@ class ShardedDriver(DriverBase):
         """Drain (or, on an error or cancellation, cancel) every shard, then close.
 
         Whatever ends the body, the head waits (up to `exit_timeout`) for every shard to
-        settle and hand back its groups and records, writes them, then kills the actors.
+        finish and hand back its groups and records, writes them, then kills the actors.
         """
         if exc is None:
             self.close_admission()
@@ -306,7 +303,7 @@ class ShardedDriver(DriverBase):
             with CancelScope(shield=True):
                 while self._handout.writing:
                     await self._handout.wait()
-                self._say_unsettled()
+                self._say_what_is_left()
         finally:
             await self._teardown()
         if exc is None:
@@ -404,14 +401,14 @@ class ShardedDriver(DriverBase):
         for group_id in ids:
             item = shard.held.pop(group_id, None)
             if item is not None:
-                self._settle_here(shard, *item, Status.CANCELLED, None)
+                self._finish_here(shard, *item, Status.CANCELLED, None)
 
     def _lose(self, shard: _Shard, why: str) -> None:
         """The shard is gone: settle every group it held as failed, and say so."""
         if not shard.alive:
             return
         shard.alive = False
-        held = list(shard.held.values()) + shard.outbox
+        held = list(shard.held.values())  # the outbox's groups are held too
         shard.held.clear()
         shard.outbox = []
         shard.lost = len(held)
@@ -426,11 +423,11 @@ class ShardedDriver(DriverBase):
             episodes,
         )
         for spec, policy in held:
-            self._settle_here(shard, spec, policy, Status.FAILED, error)
+            self._finish_here(shard, spec, policy, Status.FAILED, error)
         self._writer.report_changed()
         self._handout.wake()
 
-    def _settle_here(
+    def _finish_here(
         self,
         shard: _Shard,
         spec: GroupSpec,
@@ -453,12 +450,13 @@ class ShardedDriver(DriverBase):
         )
         self._handout.add(group, self.sink)
 
-    def _say_unsettled(self) -> None:
-        """One line per shard when the run was cancelled, or a shard has something unsettled:
+    def _say_what_is_left(self) -> None:
+        """One line per shard when the run was cancelled, or a shard left something behind:
         its quarantined leases (and how many may still exist), its groups lost."""
+        cancelled = self._stop is not None and self._stop >= Stop.CANCEL
         for shard in self._shards:
             may_exist = sum(r.may_exist for r in shard.records)
-            if self._step < 2 and shard.alive and not may_exist and not shard.counts.running:
+            if not cancelled and shard.alive and not may_exist and not shard.counts.running:
                 continue
             log.warning(
                 "plies: shard %d: %s, %d running, %d quarantined (%d may still exist), "
@@ -475,112 +473,46 @@ class ShardedDriver(DriverBase):
         records = [r for shard in self._shards for r in shard.records]
         return partial(_write_records, self.report_path, self.run_id, records, final)
 
-    # policy and admission -------------------------------------------------------------------
+    # the driver's hooks -----------------------------------------------------------------------
 
-    def set_policy(self, policy: PolicyRef) -> None:
-        """Admit later groups under `policy`, on every shard; admitted groups keep theirs.
-
-        Raises:
-            ConfigError: the version goes backwards.
-        """
-        self._advance_policy(policy)
+    def _policy_moved(self, policy: PolicyRef) -> None:
         for shard in self._shards:
             if shard.alive:
                 shard.actor.set_policy.remote(policy)
 
-    @property
-    def admitting(self) -> bool:
-        return self.state is DriverState.ADMITTING
+    def _refusal(self) -> str | None:
+        if not any(s.alive for s in self._shards):
+            return "every shard died; see the log for why"
+        return None
 
-    async def admit(self, spec: GroupSpec) -> Group:
-        """Admit a group once fewer than `max_groups_in_flight` are in flight.
-
-        Raises:
-            AdmissionClosed: the driver was stopped (or every shard died).
-        """
-        while True:
-            try:
-                return self.admit_nowait(spec)
-            except WouldBlock:
-                await self._handout.wait()
-
-    def admit_nowait(self, spec: GroupSpec) -> Group:
-        """Admit a group now, on the shard with the fewest groups in flight.
-
-        Raises:
-            WouldBlock: `max_groups_in_flight` groups are in flight.
-            AdmissionClosed: the driver was stopped, or every shard died.
-        """
-        if self.state is DriverState.UNOPENED:
-            raise UsageError("admit inside `async with ShardedDriver(...)`")
-        if self.state is not DriverState.ADMITTING:
-            raise AdmissionClosed(f"the driver is {self.state}; it takes no more groups")
-        alive = [s for s in self._shards if s.alive]
-        if not alive:
-            raise AdmissionClosed("every shard died; see the log for why")
-        if self._admitted_groups - self._handout.handed_out >= self.max_groups_in_flight:
-            raise WouldBlock
-        shard = min(alive, key=lambda s: len(s.held) + len(s.outbox))
-        shard.held[spec.id] = (spec, self._policy)
-        shard.outbox.append((spec, self._policy))
+    def _place(self, spec: GroupSpec, policy: PolicyRef) -> None:
+        """Queue the group for the shard with the fewest groups in flight."""
+        shard = min((s for s in self._shards if s.alive), key=lambda s: len(s.held))
+        shard.held[spec.id] = (spec, policy)
+        shard.outbox.append((spec, policy))
         shard.outbox_event.set()
         shard.outbox_event = anyio.Event()
-        self._admitted_groups += 1
         self._admitted += spec.size
-        self._handout.wake()
-        return Group(id=spec.id, task_id=spec.task_id, size=spec.size, policy=self._policy)
 
-    # stopping ---------------------------------------------------------------------------------
-
-    def _escalate(self, step: int) -> None:
-        """Bring every shard to Ctrl-C step `step` (1 drain, 2 cancel, 3 abort), once each.
+    def _stopped(self, step: Stop) -> None:
+        """Bring every shard to `step`.
 
         Groups admitted but not yet sent to their shard are sent first. Each shard drains only
         after the admission calls sent before the drain; a cancel or abort acts at once, so a
         shard may refuse groups that reach it later, and those are settled here as
         `cancelled`.
         """
-        if self.state in (DriverState.UNOPENED, DriverState.CLOSED) or step <= self._step:
-            return
-        self._step = step
-        self.state = DriverState.DRAINING if step == 1 else DriverState.CANCELLING
         for shard in self._shards:
             if shard.alive:
                 shard.send_outbox()
-                shard.actor.step.remote(step, shard.admit_calls)
+                shard.actor.step.remote(int(step), shard.admit_calls)
             shard.outbox_event.set()  # an idle admit loop sees admission closed and ends
-        self._handout.wake()
 
-    def close_admission(self) -> None:
-        """Take no more groups; every shard's episodes in flight run to their end."""
-        self._escalate(1)
+    def _busy(self) -> bool:
+        return any(s.held for s in self._shards)
 
-    async def stop(self) -> None:
-        """Close admission and wait until every admitted group has come back."""
-        self.close_admission()
-        await self.wait_drained()
-
-    async def wait_drained(self) -> None:
-        """Wait until no shard holds a group and every complete group is on disk."""
-        while any(s.held or s.outbox for s in self._shards) or self._handout.writing:
-            await self._handout.wait()
-
-    def cancel(self) -> None:
-        """Close admission and cancel every shard's episodes in flight.
-
-        Each shard's remote operations get their pool's `settle_timeout`; episodes settle as
-        `cancelled`, or `quarantined` when a lease could not be settled.
-        """
-        self._escalate(2)
-
-    def abort(self) -> None:
-        """Cancel every shard's episodes and cut off their remote operations now."""
-        self._escalate(3)
-
-    # results ----------------------------------------------------------------------------------
-
-    def poll(self) -> DriverStatistics:
-        """Counts over every shard now (each shard's as of its last reply)."""
+    def _episode_counts(self) -> EpisodeCounts:
+        """Over every shard, each as of its last reply."""
         settled = dict.fromkeys(Status, 0)
         for shard in self._shards:
             for status, n in shard.settled.items():
@@ -594,16 +526,10 @@ class ShardedDriver(DriverBase):
             may_exist=sum(s.may_exist for s in leases),
             pools=tuple(p for s in leases for p in s.pools),
         )
-        return DriverStatistics(
-            state=self.state,
-            admitted_groups=self._admitted_groups,
-            admitted=self._admitted,
+        return EpisodeCounts(
             running=max(self._admitted - sum(settled.values()), 0),
-            settled=MappingProxyType(settled),
-            groups_complete=self._handout.complete,
-            groups_in_flight=self._admitted_groups - self._handout.handed_out,
+            settled=settled,
             turns=sum(s.counts.turns for s in self._shards),
-            policy=self._policy,
             leases=merged,
         )
 
@@ -615,7 +541,7 @@ class ShardedDriver(DriverBase):
                 pid=s.counts.pid,
                 cpu_s=s.counts.cpu_s,
                 alive=s.alive,
-                groups_in_flight=len(s.held) + len(s.outbox),
+                groups_in_flight=len(s.held),
                 groups_lost=s.lost,
                 running=s.counts.running if s.alive else 0,
                 turns=s.counts.turns,

@@ -32,7 +32,7 @@ from typing import IO, Any, Protocol, TypeVar
 import anyio
 from anyio import CancelScope
 
-from ._driver import DriverState, DriverStatistics
+from ._admission import DriverState, DriverStatistics
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "Interrupts", "run"]
 
@@ -47,7 +47,7 @@ class Interruptible(Protocol):
 
     @property
     def state(self) -> DriverState: ...
-    def poll(self) -> DriverStatistics: ...
+    def statistics(self) -> DriverStatistics: ...
     def close_admission(self) -> None: ...
     def cancel(self) -> None: ...
     def abort(self) -> None: ...
@@ -93,7 +93,7 @@ class Interrupts:
     def _step(self, step: int, cancel_cause: str) -> None:
         self.count = step
         drivers = [d for d in self._drivers if d.state is not DriverState.CLOSED]
-        running = sum(d.poll().running for d in drivers)
+        running = sum(d.statistics().running for d in drivers)
         if not drivers and self._main is not None:
             self._say("interrupted; stopping")
             self._main.cancel()

@@ -19,18 +19,10 @@ The client remembers the forward_backward ops whose gradients wait for the next
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, TypeVar
 
-import anyio
 import httpx
 from pydantic import BaseModel, ValidationError
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_random_exponential,
-)
 
 from .._exceptions import (
     ConfigError,
@@ -58,6 +50,7 @@ from ..wire.training import (
     TrainingBatch,
     check_op_id,
 )
+from ._ops import OpLedger, digest, retrying
 
 __all__ = ["TrainingClient"]
 
@@ -112,8 +105,11 @@ class TrainingClient(AsyncLifecycle):
         self.reconcile_timeout = reconcile_timeout
         self._headers = dict(headers or {})
         self._http: httpx.AsyncClient | None = None
-        self._pending: list[str] = []
-        self._quarantine: tuple[str, str] | None = None  # (op_id, why)
+        self._ops: OpLedger[None] = OpLedger(
+            unique_ids=True,
+            how_to_resume="call reconcile() once the trainer is reachable, then decide how "
+            "to continue",
+        )
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -140,12 +136,12 @@ class TrainingClient(AsyncLifecycle):
     @property
     def pending_ops(self) -> list[str]:
         """forward_backward ops whose gradients the next `optim_step` will apply."""
-        return list(self._pending)
+        return [p.op_id for p in self._ops.pending]
 
     @property
     def quarantined(self) -> str | None:
         """Why the session refuses further steps, or None."""
-        return None if self._quarantine is None else self._quarantine[1]
+        return self._ops.why_quarantined
 
     # -- operations -----------------------------------------------------------------------
 
@@ -166,25 +162,28 @@ class TrainingClient(AsyncLifecycle):
             TrainingQuarantined: the outcome could not be reconciled.
             ConfigError: the server refused the request as invalid.
         """
+        op_id = self._op_id(op_id, "fb")
+        request = digest("fb", batch.model_dump_json(), loss, clip_low, clip_high)
+        if (known := self._ops.answered(op_id, request)) is not None:
+            return known
         req = ForwardBackwardRequest(
-            op_id=self._op_id(op_id, "fb"),
-            batch=batch,
-            loss=loss,
-            clip_low=clip_low,
-            clip_high=clip_high,
+            op_id=op_id, batch=batch, loss=loss, clip_low=clip_low, clip_high=clip_high
         )
         result = await self._submit("/v1/training/forward_backward", req, ForwardBackwardResult)
-        if result.op_id not in self._pending:
-            self._pending.append(result.op_id)
+        self._ops.add_pending(result.op_id, batch.loss_tokens)
+        self._ops.answer(op_id, request, result)
         return result
 
     async def optim_step(self, adam: AdamParams, *, op_id: str | None = None) -> OptimStepResult:
         """Apply the accumulated gradients with AdamW; exactly the ops in `pending_ops`."""
-        req = OptimStepRequest(
-            op_id=self._op_id(op_id, "step"), adam=adam, forward_backward_ops=self._pending
-        )
+        op_id = self._op_id(op_id, "step")
+        request = digest("step", adam.model_dump_json())
+        if (known := self._ops.answered(op_id, request)) is not None:
+            return known
+        req = OptimStepRequest(op_id=op_id, adam=adam, forward_backward_ops=self.pending_ops)
         result = await self._submit("/v1/training/optim_step", req, OptimStepResult)
-        self._pending = []
+        self._ops.take_pending()
+        self._ops.answer(op_id, request, result)
         return result
 
     async def save_policy(self, *, op_id: str | None = None) -> PolicyRef:
@@ -192,8 +191,14 @@ class TrainingClient(AsyncLifecycle):
 
         Samplers serve it once it is published to them (`plies.policy.publish`).
         """
-        req = SavePolicyRequest(op_id=self._op_id(op_id, "save"))
-        return (await self._submit("/v1/training/save_policy", req, SavePolicyResult)).policy
+        op_id = self._op_id(op_id, "save")
+        request = digest("save")
+        if (known := self._ops.answered(op_id, request)) is not None:
+            return known
+        req = SavePolicyRequest(op_id=op_id)
+        policy = (await self._submit("/v1/training/save_policy", req, SavePolicyResult)).policy
+        self._ops.answer(op_id, request, policy)
+        return policy
 
     async def op(self, op_id: str) -> OpRecord | None:
         """The server's record of an op, or None when it never applied it."""
@@ -215,16 +220,17 @@ class TrainingClient(AsyncLifecycle):
         Raises:
             TrainingQuarantined: the server still cannot be asked.
         """
-        if self._quarantine is None:
+        quarantine = self._ops.quarantine
+        if quarantine is None:
             raise UsageError("the session is not quarantined")
-        op_id, why = self._quarantine
+        op_id, why = quarantine.op_id, quarantine.why
         try:
             resp = await self._get(f"/v1/training/ops/{op_id}")
         except TrainingError as exc:
             raise TrainingQuarantined(f"{why}; asking again failed: {exc}") from exc
         if resp.status_code >= 500:
             raise TrainingQuarantined(f"{why}; asking again got HTTP {resp.status_code}")
-        self._quarantine = None
+        self._ops.lift_quarantine()
         return None if resp.status_code == 404 else self._parse(resp, OpRecord)
 
     # -- internals ------------------------------------------------------------------------
@@ -235,13 +241,9 @@ class TrainingClient(AsyncLifecycle):
         return self._http
 
     def _op_id(self, op_id: str | None, kind: str) -> str:
-        if self._quarantine is not None:
-            raise TrainingQuarantined(
-                f"training session quarantined: {self._quarantine[1]}; call reconcile() once "
-                "the trainer is reachable, then decide how to continue"
-            )
+        op_id = self._ops.issue(op_id, kind)
         self._client()
-        return check_op_id(op_id) if op_id is not None else f"{kind}-{uuid.uuid4().hex}"
+        return op_id
 
     async def _get(self, path: str) -> httpx.Response:
         try:
@@ -262,18 +264,14 @@ class TrainingClient(AsyncLifecycle):
         message = str(err.get("message") or err)
         code = err.get("code")
         if code == ErrorCode.GRADIENTS_LOST:
-            self._pending = []
+            self._ops.take_pending()
             raise TrainingGradientsLost(message, op_ids=err.get("op_ids") or [])
         if code == ErrorCode.OP_CONFLICT or resp.status_code in (400, 422):
             raise ConfigError(message)
         raise TrainingError(f"trainer answered HTTP {resp.status_code}: {message}")
 
     def _quarantine_session(self, op_id: str, why: str) -> TrainingQuarantined:
-        self._quarantine = (op_id, why)
-        return TrainingQuarantined(
-            f"training session quarantined: {why}. It refuses further steps; call reconcile() "
-            "once the trainer is reachable"
-        )
+        return self._ops.enter_quarantine(op_id, why, None)
 
     async def _submit(self, path: str, req: BaseModel, model: type[R]) -> R:
         """Send `req` until its outcome is known; see the module docstring."""
@@ -281,15 +279,10 @@ class TrainingClient(AsyncLifecycle):
         payload = req.model_dump(mode="json")
         deadline = time.monotonic() + self.reconcile_timeout
         unknown = False
-        delay = 0.1
         while True:
             try:
-                resp = await self._client().post(path, json=payload)
+                resp = await self._post(path, payload, deadline)
             except _NEVER_SENT as exc:
-                if time.monotonic() < deadline:
-                    await anyio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                    continue
                 if unknown:
                     raise self._quarantine_session(
                         op_id, f"{op_id} may have been applied and {self.base_url} is unreachable"
@@ -311,7 +304,7 @@ class TrainingClient(AsyncLifecycle):
                 unknown = True  # never applied: sending it again with the same id is safe
                 continue
             if record.status is OpStatus.LOST:
-                self._pending = []
+                self._ops.take_pending()
                 raise TrainingGradientsLost(
                     f"{op_id} was applied but the trainer lost its gradients (it restarted); "
                     "redo this step's forward_backward calls with new op ids",
@@ -319,18 +312,19 @@ class TrainingClient(AsyncLifecycle):
                 )
             return model.model_validate(record.result)
 
+    async def _post(self, path: str, payload: dict[str, Any], deadline: float) -> httpx.Response:
+        """POST, sent again until `deadline` while no byte of it left (`_NEVER_SENT`)."""
+        async for attempt in retrying(deadline, _NEVER_SENT):
+            with attempt:
+                return await self._client().post(path, json=payload)
+        raise AssertionError("unreachable: tenacity either returns or reraises")
+
     async def _reconcile(
         self, op_id: str, deadline: float, cause: Exception | None
     ) -> OpRecord | None:
         """Ask the server what became of `op_id`, retrying until `deadline`."""
-        retrying = AsyncRetrying(
-            stop=stop_after_delay(max(0.0, deadline - time.monotonic())),
-            wait=wait_random_exponential(multiplier=0.1, max=2.0),
-            retry=retry_if_exception_type(_Unreachable),
-            reraise=True,
-        )
         try:
-            async for attempt in retrying:
+            async for attempt in retrying(deadline, _Unreachable):
                 with attempt:
                     return await self._ask(op_id)
         except _Unreachable as exc:

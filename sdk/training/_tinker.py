@@ -22,8 +22,9 @@ by its request id inside the SDK. What this client adds:
   where the outcome cannot be known (the request vanished from the service, an answer that
   does not parse, retries exhausted), quarantines the client: `TrainingQuarantined`, with
   the op, its kind and the error. Nothing is ever sent again with a new `seq_id`;
-- op ids, as on the native client: an op id this client completed answers its original
-  result without sending anything; reused for another request it is a `ConfigError`.
+- op ids, as on the native client (both keep an `OpLedger`): an op id this client
+  completed answers its original result without sending anything; reused for another
+  request it is a `ConfigError`.
 
 Across processes the Tinker API has no op ids: a run resumes from a saved policy. Each
 `save_policy` saves a training checkpoint (weights and Adam state) and sampler weights under
@@ -34,9 +35,7 @@ it (applied by the old model, never published) are simply not part of the new ru
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import hashlib
 import logging
 import math
 from collections.abc import Callable
@@ -58,11 +57,12 @@ from ..wire.training import (
     ForwardBackwardResult,
     LossName,
     OptimStepResult,
+    TrainerState,
     TrainingBatch,
-    check_op_id,
 )
+from ._ops import OpLedger, digest
 from ._tinker_data import forward_backward_metrics, loss_config, tinker_datums
-from ._tinker_sdk import create_full_weights_client
+from ._tinker_sdk import SdkFuture, create_full_weights_client
 
 if TYPE_CHECKING:
     import tinker
@@ -106,14 +106,13 @@ def _strip_reductions(metrics: dict[str, float]) -> dict[str, float]:
 
 @dataclass
 class _InFlight:
-    """An op whose outcome is not known yet: the SDK future polling it, and what its
-    result becomes once it answers."""
+    """An op whose outcome is not known yet: the SDK future polling it (None once none can
+    answer), and what its result becomes once it answers."""
 
     kind: str
     op_id: str
-    waiter: asyncio.Future[Any] | None
+    waiter: SdkFuture | None
     finish: Callable[[Any], Any]
-    why: str = ""
 
 
 class TinkerTrainingClient(AsyncLifecycle):
@@ -186,10 +185,12 @@ class TinkerTrainingClient(AsyncLifecycle):
         self._training: tinker.TrainingClient | None = None
         self._step = 0
         self._version = resume_from.version if resume_from is not None else 0
-        self._pending: list[tuple[str, int]] = []  # (op id, masked tokens)
-        self._done: dict[str, tuple[str, Any]] = {}  # op id -> (request digest, result)
-        self._quarantine: _InFlight | None = None
-        self._ids = 0
+        self._policy = resume_from
+        self._ops: OpLedger[_InFlight] = OpLedger(
+            unique_ids=False,
+            how_to_resume="call reconcile(), or resume from the last saved policy with a new "
+            "client",
+        )
         self._model_id: str | None = None
 
     # -- lifetime -------------------------------------------------------------------------
@@ -290,12 +291,28 @@ class TinkerTrainingClient(AsyncLifecycle):
     @property
     def pending_ops(self) -> list[str]:
         """forward_backward ops whose gradients the next `optim_step` will apply."""
-        return [op for op, _ in self._pending]
+        return [p.op_id for p in self._ops.pending]
 
     @property
     def quarantined(self) -> str | None:
         """Why the client refuses further steps, or None."""
-        return None if self._quarantine is None else self._quarantine.why
+        return self._ops.why_quarantined
+
+    async def state(self) -> TrainerState:
+        """Where the run stands: its steps (those before `resume_from` included), the ops
+        whose gradients wait, the last policy saved. The Tinker API keeps no such record,
+        so this is the client's own; `generation` is always 0 (a restarted Tinker service
+        is a new run, resumed from a saved policy)."""
+        self._check_open("read the state")
+        quarantine = self._ops.quarantine
+        return TrainerState(
+            generation=0,
+            step=self._step,
+            pending=self.pending_ops,
+            pending_tokens=sum(p.tokens for p in self._ops.pending),
+            in_flight=None if quarantine is None else quarantine.op_id,
+            policy=self._policy,
+        )
 
     # -- operations -----------------------------------------------------------------------
 
@@ -317,8 +334,8 @@ class TinkerTrainingClient(AsyncLifecycle):
             TrainingQuarantined: its outcome could not be learnt in time.
         """
         op_id = self._op_id(op_id, "fb")
-        digest = _digest("fb", batch.model_dump_json(), loss, clip_low, clip_high)
-        if (known := self._known(op_id, digest)) is not None:
+        request = digest("fb", batch.model_dump_json(), loss, clip_low, clip_high)
+        if (known := self._ops.answered(op_id, request)) is not None:
             return known
         data = tinker_datums(batch, loss)
         config = loss_config(loss, clip_low, clip_high)
@@ -326,21 +343,21 @@ class TinkerTrainingClient(AsyncLifecycle):
 
         def finish(output: Any) -> ForwardBackwardResult:
             metrics = forward_backward_metrics(batch, loss, output, clip_low, clip_high)
-            self._pending.append((op_id, batch.loss_tokens))
+            self._ops.add_pending(op_id, batch.loss_tokens)
             return ForwardBackwardResult(
                 op_id=op_id, generation=0, step=self._step, metrics=metrics
             )
 
         submitted = training.forward_backward(data, loss, config)
-        return await self._settle(op_id, digest, "forward_backward", submitted, finish)
+        return await self._await_result(op_id, request, "forward_backward", submitted, finish)
 
     async def optim_step(self, adam: AdamParams, *, op_id: str | None = None) -> OptimStepResult:
         """Apply the gradients accumulated since the last step with AdamW."""
         from tinker import types
 
         op_id = self._op_id(op_id, "step")
-        digest = _digest("step", adam.model_dump_json())
-        if (known := self._known(op_id, digest)) is not None:
+        request = digest("step", adam.model_dump_json())
+        if (known := self._ops.answered(op_id, request)) is not None:
             return known
         params = types.AdamParams(
             learning_rate=adam.lr,
@@ -353,22 +370,22 @@ class TinkerTrainingClient(AsyncLifecycle):
 
         def finish(output: Any) -> OptimStepResult:
             metrics = _strip_reductions(output.metrics or {})
-            metrics["forward_backward_calls"] = float(len(self._pending))
-            metrics["tokens"] = float(sum(n for _, n in self._pending))
-            self._pending = []
+            applied = self._ops.take_pending()
+            metrics["forward_backward_calls"] = float(len(applied))
+            metrics["tokens"] = float(sum(p.tokens for p in applied))
             self._step += 1
             return OptimStepResult(op_id=op_id, step=self._step, metrics=metrics)
 
         submitted = self._client().optim_step(params)
-        return await self._settle(op_id, digest, "optim_step", submitted, finish)
+        return await self._await_result(op_id, request, "optim_step", submitted, finish)
 
     async def save_policy(self, *, op_id: str | None = None) -> PolicyRef:
         """Save a training checkpoint and sampler weights under one name; the sampler
         weights' `PolicyRef` (`tinker://run/sampler_weights/<name>`, the next version; the
         Tinker API reports no digest, so it is empty). `resume_from` takes it back."""
         op_id = self._op_id(op_id, "save")
-        digest = _digest("save")
-        if (known := self._known(op_id, digest)) is not None:
+        request = digest("save")
+        if (known := self._ops.answered(op_id, request)) is not None:
             return known
         version = self._version + 1
         name = f"plies-v{version:06d}"
@@ -376,7 +393,7 @@ class TinkerTrainingClient(AsyncLifecycle):
         metadata = {STEP_KEY: str(self._step), VERSION_KEY: str(version)}
         state = training.save_state(name, user_metadata=metadata)
         sampler = training.save_weights_for_sampler(name)
-        saved = await self._settle(None, None, "save_state", state, lambda out: out.path)
+        saved = await self._await_result(None, None, "save_state", state, lambda out: out.path)
         expected = f"tinker://{self.model_id}/weights/{name}"
 
         def finish(output: Any) -> PolicyRef:
@@ -387,9 +404,12 @@ class TinkerTrainingClient(AsyncLifecycle):
                     f"tinker://{self.model_id}/"
                 )
             self._version = version
+            self._policy = policy
             return policy
 
-        policy = await self._settle(op_id, digest, "save_weights_for_sampler", sampler, finish)
+        policy = await self._await_result(
+            op_id, request, "save_weights_for_sampler", sampler, finish
+        )
         self._saved.append(saved)
         await self._prune()
         return policy
@@ -443,18 +463,18 @@ class TinkerTrainingClient(AsyncLifecycle):
             TrainingQuarantined: still no answer, or none can come (resume from the last
                 saved policy with a new client then).
         """
-        q = self._quarantine
-        if q is None:
+        quarantine = self._ops.quarantine
+        if quarantine is None:
             raise UsageError("the client is not quarantined")
+        q, why = quarantine.held, quarantine.why
         if q.waiter is None:
             raise TrainingQuarantined(
-                f"{q.why}; there is no request left to wait on: open a new client with "
+                f"{why}; there is no request left to wait on: open a new client with "
                 "resume_from=<the last saved policy>"
             )
-        done, _ = await asyncio.wait({q.waiter}, timeout=self.result_timeout)
-        if not done:
-            raise TrainingQuarantined(f"{q.why}; still no answer after {self.result_timeout:g}s")
-        self._quarantine = None
+        if not await q.waiter.wait(self.result_timeout):
+            raise TrainingQuarantined(f"{why}; still no answer after {self.result_timeout:g}s")
+        self._ops.lift_quarantine()
         return self._outcome(q)
 
     # -- internals ------------------------------------------------------------------------
@@ -465,62 +485,47 @@ class TinkerTrainingClient(AsyncLifecycle):
         return self._training
 
     def _op_id(self, op_id: str | None, kind: str) -> str:
-        if self._quarantine is not None:
-            raise TrainingQuarantined(
-                f"training client quarantined: {self._quarantine.why}; call reconcile(), or "
-                "resume from the last saved policy with a new client"
-            )
+        op_id = self._ops.issue(op_id, kind)
         self._client()
-        if op_id is not None:
-            return check_op_id(op_id)
-        self._ids += 1
-        return f"{kind}-{self._ids}"
+        return op_id
 
-    def _known(self, op_id: str, digest: str) -> Any:
-        known = self._done.get(op_id)
-        if known is None:
-            return None
-        if known[0] != digest:
-            raise ConfigError(f"op id {op_id!r} was already used for another request")
-        return known[1]
-
-    async def _settle(
+    async def _await_result(
         self,
         op_id: str | None,
-        digest: str | None,
+        request: str | None,
         kind: str,
         submitted: Any,
         finish: Callable[[Any], R],
     ) -> R:
         """Wait for an SDK future until `result_timeout`; its result through `finish`."""
-        waiter = asyncio.wrap_future(submitted.future())
-        waiter.add_done_callback(_retrieved)  # read by `_outcome`, or by nobody after close
-        q = _InFlight(kind, op_id or kind, waiter, finish)
-        settled = False
+        q = _InFlight(kind, op_id or kind, SdkFuture(submitted), finish)
+        assert q.waiter is not None
+        waited = False
         try:
-            done, _ = await asyncio.wait({waiter}, timeout=self.result_timeout)
-            settled = True
+            known = await q.waiter.wait(self.result_timeout)
+            waited = True
         finally:
-            if not settled:  # cancelled while the op was in flight: it may still apply
-                q.why = f"{kind} {q.op_id} was in flight when its caller was cancelled"
-                self._quarantine = q
-        if not done:
-            q.why = (
+            if not waited:  # cancelled while the op was in flight: it may still apply
+                self._ops.enter_quarantine(
+                    q.op_id, f"{kind} {q.op_id} was in flight when its caller was cancelled", q
+                )
+        if not known:
+            raise self._ops.enter_quarantine(
+                q.op_id,
                 f"{kind} {q.op_id} is still pending on {self.base_url} after "
-                f"{self.result_timeout:g}s; it may yet be applied"
+                f"{self.result_timeout:g}s; it may yet be applied",
+                q,
             )
-            self._quarantine = q
-            raise TrainingQuarantined(f"training client quarantined: {q.why}")
         result = self._outcome(q)
-        if op_id is not None and digest is not None:
-            self._done[op_id] = (digest, result)
+        if op_id is not None and request is not None:
+            self._ops.answer(op_id, request, result)
         return result
 
     def _outcome(self, q: _InFlight) -> Any:
-        """The result of a settled op, or the plies error its failure means."""
+        """The result of an op whose outcome is known, or the plies error its failure means."""
         import tinker
 
-        assert q.waiter is not None and q.waiter.done()
+        assert q.waiter is not None
         exc = q.waiter.exception()
         if exc is None:
             try:
@@ -530,7 +535,7 @@ class TinkerTrainingClient(AsyncLifecycle):
         elif isinstance(exc, tinker.RequestFailedError) and q.kind.startswith("save"):
             raise TrainingError(f"the service failed {q.kind} {q.op_id}: {exc}") from exc
         elif isinstance(exc, tinker.RequestFailedError):
-            self._pending = []
+            self._ops.take_pending()
             raise TrainingGradientsLost(
                 f"the service failed {q.kind} {q.op_id} after accepting it ({exc}); the "
                 "step's gradients are discarded: redo its forward_backward calls",
@@ -539,16 +544,5 @@ class TinkerTrainingClient(AsyncLifecycle):
         elif isinstance(exc, tinker.APIStatusError) and exc.status_code in _REFUSED:
             raise ConfigError(f"the service refused {q.kind} {q.op_id}: {exc}") from exc
         q.waiter = None
-        q.why = f"the outcome of {q.kind} {q.op_id} is unknown: {type(exc).__name__}: {exc}"
-        self._quarantine = q
-        raise TrainingQuarantined(f"training client quarantined: {q.why}") from exc
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    """Mark a future's failure as seen, so an op abandoned at close logs no traceback."""
-    if not future.cancelled():
-        future.exception()
-
-
-def _digest(*parts: object) -> str:
-    return hashlib.sha256(repr(parts).encode()).hexdigest()
+        why = f"the outcome of {q.kind} {q.op_id} is unknown: {type(exc).__name__}: {exc}"
+        raise self._ops.enter_quarantine(q.op_id, why, q) from exc

@@ -1,14 +1,55 @@
-"""Creating a model that trains every weight, with the `tinker` SDK's own parts."""
+"""The training client's bridge to the `tinker` SDK: its futures, and full-weights models.
+
+The SDK runs requests on an event loop of its own, in a thread, and hands back
+`concurrent.futures.Future`s. `SdkFuture` is the one place those are awaited on the caller's
+loop (the only raw asyncio in the training client: `asyncio.wrap_future` is what carries a
+thread's future onto the running loop), so the client itself is anyio only.
+`create_full_weights_client` creates a model that trains every weight, with the SDK's own
+parts.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import tinker
 
-__all__ = ["create_full_weights_client"]
+__all__ = ["SdkFuture", "create_full_weights_client"]
+
+
+class SdkFuture:
+    """An op the SDK submitted, awaited on the caller's loop; the SDK keeps polling it by
+    its request id whether anyone waits or not, so a wait that gives up can be taken up
+    again (`reconcile`)."""
+
+    def __init__(self, submitted: Any) -> None:
+        future: concurrent.futures.Future[Any] = submitted.future()
+        self._waiter = asyncio.wrap_future(future)
+        # Its failure is read by the client, or by nobody once the client closed: marked as
+        # seen so an op abandoned at close logs no traceback.
+        self._waiter.add_done_callback(_retrieved)
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the outcome; whether it is known. Cancelling the
+        wait leaves the op running."""
+        done, _ = await asyncio.wait({self._waiter}, timeout=timeout)
+        return bool(done)
+
+    def exception(self) -> BaseException | None:
+        """The op's failure, once known (None: it succeeded)."""
+        return self._waiter.exception()
+
+    def result(self) -> Any:
+        return self._waiter.result()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def create_full_weights_client(

@@ -5,6 +5,10 @@ and `TinkerTrainingClient` (any Tinker-API service, through the official `tinker
 batch means the same update on both: the loss is the mean over the batch's masked tokens,
 and logprobs are taken as the batch says it was sampled (docs/training.md compares what each
 backend guarantees).
+
+The protocol is the whole of what a loop needs, so no caller asks which client it holds:
+the updates, a saved policy, where the trainer stands (`state()`: its step is where a cut-off
+script resumes), and the op ledger both keep (`pending_ops`, `quarantined`, `reconcile()`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from ..wire.training import (
     ForwardBackwardResult,
     LossName,
     OptimStepResult,
+    TrainerState,
     TrainingBatch,
 )
 
@@ -25,7 +30,7 @@ __all__ = ["Trainer"]
 
 @runtime_checkable
 class Trainer(Protocol):
-    """What a training script calls: gradients, a step, a saved policy; nothing else.
+    """What a training script calls: gradients, a step, a saved policy, where it stands.
 
     Example:
         async def step(trainer: Trainer, batch: TrainingBatch) -> PolicyRef:
@@ -58,9 +63,24 @@ class Trainer(Protocol):
         """Save the current weights as a new immutable policy samplers can load."""
         ...
 
+    async def state(self) -> TrainerState:
+        """Where the trainer stands: `step` counts the optimizer steps its weights hold,
+        which is where a script cut off mid-run resumes."""
+        ...
+
+    @property
+    def pending_ops(self) -> list[str]:
+        """forward_backward ops whose gradients the next `optim_step` will apply."""
+        ...
+
     @property
     def quarantined(self) -> str | None:
         """Why the trainer refuses further steps (an outcome it could not learn), or None."""
+        ...
+
+    async def reconcile(self) -> object:
+        """Learn the outcome of the op that quarantined the trainer; lift the quarantine
+        once it is known, and return what the trainer has of it."""
         ...
 
     async def aclose(self) -> None: ...

@@ -311,7 +311,7 @@ class Loop:
         finally:
             stats: dict[str, Any] = {"written": written}
             if driver is not None:
-                poll = driver.poll()
+                poll = driver.statistics()
                 stats.update(
                     groups_complete=poll.groups_complete,
                     admitted=poll.admitted,

@@ -113,6 +113,6 @@ async def test_a_batch_whose_last_write_fails_leaves_none_of_its_groups(tmp_path
                     driver.admit_nowait(GroupSpec("t2", id="g2"))
                     await driver.wait_drained()
                     driver.collect()
-            assert driver.poll().groups_complete == 1
+            assert driver.statistics().groups_complete == 1
     read = read_groups(path)
     assert read.malformed == [] and [g.id for g in read.records] == ["g0"]

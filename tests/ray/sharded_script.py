@@ -61,7 +61,7 @@ async def main(interrupts, run_dir: Path, policy_url: str, seed: int) -> None:
                     async for group in driver.groups():
                         emit("group", id=group.id)
     finally:
-        s = driver.poll()
+        s = driver.statistics()
         emit(
             "stats",
             admitted_groups=s.admitted_groups,

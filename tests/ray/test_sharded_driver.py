@@ -129,7 +129,7 @@ async def test_same_groups_as_one_process(local_ray, policy_url, tmp_path):
                 tg.start_soon(admit_all, d, SPECS)
                 sharded = [g async for g in d.groups()]
             assert d.collect() == []
-            stats, shards = d.poll(), d.shard_statistics()
+            stats, shards = d.statistics(), d.shard_statistics()
             assert len(shard_processes()) == 2  # what `no_shard_left` looks for is there
     assert shape(sharded) == shape(one)
     assert len(shape(one)) == len(SPECS)
@@ -162,7 +162,7 @@ async def test_a_certain_deterministic_group_is_one_member_and_counted_so(
         async with anyio.create_task_group() as tg:
             tg.start_soon(admit_all, d, specs)
             sharded = [g async for g in d.groups()]
-        stats = d.poll()
+        stats = d.statistics()
     assert shape(sharded) == shape(one)
     assert sorted((g.id, g.size, len(g.trajectories)) for g in sharded) == [
         (f"d{i}", 1 if i % 2 == 0 else 4, 1 if i % 2 == 0 else 4) for i in range(6)
@@ -234,7 +234,7 @@ async def test_killed_shard_in_flight_episodes_are_reported(
             await d.admit(late)  # placed on the shard still alive
             d.close_admission()
             rest = [g async for g in d.groups()]
-            stats, shards = d.poll(), d.shard_statistics()
+            stats, shards = d.statistics(), d.shard_statistics()
     assert not shards[0].alive and shards[0].groups_lost == 2 and shards[0].groups_in_flight == 0
     assert shards[1].alive
     for group in lost:
@@ -248,6 +248,28 @@ async def test_killed_shard_in_flight_episodes_are_reported(
     assert stats.settled[Status.FAILED] == 4 and stats.settled[Status.COMPLETED] == 5
     assert stats.running == 0
     assert any("shard 0 lost" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_shard_lost_with_groups_not_yet_sent_settles_each_once(
+    local_ray, policy_url, tmp_path
+):
+    # Groups the head placed on a shard wait in its outbox until the admit loop sends them;
+    # a shard lost then must settle each of them once (they are held there as well).
+    specs = [GroupSpec(f"queued{i}", size=2, task=task(1)) for i in range(2)]
+    with JsonlSink(tmp_path / "groups.jsonl") as sink:
+        async with ShardedDriver(
+            partial(make_shard, policy_url), shards=1, policy=V0, sink=sink
+        ) as d:
+            for spec in specs:
+                d.admit_nowait(spec)  # no checkpoint: both still in the outbox
+            d._lose(d._shards[0], "lost before its admissions were sent")
+            d.close_admission()
+            groups = [g async for g in d.groups()]
+            stats, shards = d.statistics(), d.shard_statistics()
+    assert sorted(g.task_id for g in groups) == ["queued0", "queued1"]
+    assert shards[0].groups_lost == 2 and shards[0].groups_in_flight == 0
+    assert stats.settled[Status.FAILED] == 4 and stats.groups_in_flight == 0
+    assert len(read_groups(tmp_path / "groups.jsonl").records) == 2
 
 
 @asynccontextmanager

@@ -54,7 +54,7 @@ async def test_pacing_bounds_groups_in_flight_and_nothing_is_dropped(tmp_path):
                     driver.admit_nowait(GroupSpec("c"))
                 await driver.wait_drained()
                 # Complete but not handed out: still in flight for pacing.
-                assert driver.poll().groups_in_flight == 2
+                assert driver.statistics().groups_in_flight == 2
                 with pytest.raises(WouldBlock):
                     driver.admit_nowait(GroupSpec("c"))
                 first = driver.collect()
@@ -68,7 +68,7 @@ async def test_pacing_bounds_groups_in_flight_and_nothing_is_dropped(tmp_path):
                 with pytest.raises(AdmissionClosed):
                     await driver.admit(GroupSpec("d"))
                 rest = [g async for g in driver.groups()]
-                stats = driver.poll()
+                stats = driver.statistics()
     assert [g.task_id for g in rest] == ["c"] and rest[0].policy.version == 1
     assert stats.settled[Status.COMPLETED] == 5 and stats.groups_in_flight == 0
     assert stats.leases.borrowed == stats.leases.released == 5
@@ -116,7 +116,7 @@ async def test_groups_ready_together_are_handed_out_a_checkpoint_apart(tmp_path)
                     await driver.admit(GroupSpec(f"t{i}"))
                 driver.close_admission()
                 await driver.wait_drained()
-                assert driver.poll().groups_in_flight == 8  # all ready, none handed out
+                assert driver.statistics().groups_in_flight == 8  # all ready, none handed out
                 seen = []
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(ticker)
@@ -257,7 +257,7 @@ async def test_a_deterministic_group_whose_first_member_was_certain_plays_only_i
             await driver.admit(spec)
         await driver.stop()
         groups = {g.id: g for g in driver.collect()}
-        stats = driver.poll()
+        stats = driver.statistics()
     assert {k: (g.size, len(g.trajectories)) for k, g in groups.items()} == {
         "probe-sure": (1, 1), "probe-unsure": (4, 4), "plain-sure": (4, 4),
     }  # fmt: skip

@@ -174,7 +174,7 @@ async def test_a_sink_that_cannot_write_raises_from_groups(tmp_path):
                     driver.close_admission()
                     async for _ in driver.groups():
                         pass
-            stats = driver.poll()
+            stats = driver.statistics()
     finally:
         with contextlib.suppress(OSError):  # /dev/full cannot be fsynced either
             sink.close()

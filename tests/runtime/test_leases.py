@@ -57,12 +57,12 @@ async def test_cancel_in_flight_operation_settles_or_quarantines(tmp_path, share
                 await driver.admit(GroupSpec("quick", task=0.6))
                 await driver.admit(GroupSpec("slow", task=30))
                 with anyio.fail_after(20):
-                    while len(spawned) < 2 or driver.poll().leases.live < 2:
+                    while len(spawned) < 2 or driver.statistics().leases.live < 2:
                         await anyio.sleep(0.02)
                 await anyio.sleep(0.2)  # both operations are in flight now
                 driver.cancel()
                 groups = [g async for g in driver.groups()]
-                stats = driver.poll()
+                stats = driver.statistics()
             by_task = {g.task_id: g.trajectories[0] for g in groups}
             assert by_task["quick"].status is Status.CANCELLED
             assert by_task["slow"].status is Status.QUARANTINED

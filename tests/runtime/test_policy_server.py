@@ -59,12 +59,12 @@ async def test_killing_the_policy_server_fails_episodes_with_a_typed_error(polic
                 await driver.admit(GroupSpec("a", size=2))
                 await driver.admit(GroupSpec("b", size=2))
                 with anyio.fail_after(60):
-                    while driver.poll().turns < 8:
+                    while driver.statistics().turns < 8:
                         await anyio.sleep(0.05)
                 server.send_signal(signal.SIGKILL)
                 with anyio.fail_after(60):  # nothing hangs
                     groups = [g async for g in take(driver, 2)]
-                stats = driver.poll()
+                stats = driver.statistics()
             assert stats.running == 0 and stats.settled[Status.FAILED] == 4
             for group in groups:
                 assert group.policy == ref

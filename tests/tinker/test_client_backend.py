@@ -134,14 +134,22 @@ def _dir(uri: str) -> Path:
 
 async def test_one_loop_gives_the_same_losses_and_weights_on_both_wires(served):
     data = batch()
+    states = []
     async with TrainingClient(served.url) as native:
         assert isinstance(native, Trainer)
         native_losses, native_policy = await train(native, data)
+        states.append(await native.state())
     async with tinker_client(served.url) as tinker:
         assert isinstance(tinker, Trainer)
         tinker_losses, tinker_policy = await train(tinker, data)
         model_id = tinker.model_id
         assert tinker.step == 3
+        states.append(await tinker.state())
+    # The one protocol says where each stands: three steps, nothing pending, the last save.
+    assert [(s.step, s.pending, s.policy) for s in states] == [
+        (3, [], native_policy),
+        (3, [], tinker_policy),
+    ]
     np.testing.assert_allclose(tinker_losses, native_losses, atol=1e-5)
     assert tinker_policy.uri == f"tinker://{model_id}/sampler_weights/plies-v000001"
     assert tinker_policy.version == 1
@@ -182,6 +190,8 @@ async def test_a_run_resumed_from_a_saved_policy_takes_the_step_it_would_have(se
     assert served.applied(first.model_id, "save_weights_for_sampler") == 1
     async with tinker_client(served.url, resume_from=policy, keep_checkpoints=1) as resumed:
         assert resumed.step == 2 and resumed.model_id != first.model_id
+        resumed_at = await resumed.state()
+        assert (resumed_at.step, resumed_at.policy) == (2, policy)  # the resume point
         assert await step(resumed) == pytest.approx(third, abs=1e-5)
         assert (await resumed.save_policy()).version == policy.version + 1
         newest = await resumed.save_policy()

@@ -254,3 +254,19 @@ async def test_a_held_op_goes_on_when_released_and_the_client_checks_its_lifetim
         assert sent.outcome().op_id == "s1-fb" and trainer.pending_ops == ["s1-fb"]
     with pytest.raises(UsageError, match="is closed"):
         await trainer.optim_step(ADAM)
+
+
+async def test_an_op_id_the_client_completed_is_answered_without_the_server(tmp_path, start_server):
+    # The client's op ledger (the one the Tinker client keeps too) answers a repeated op id
+    # itself: a script re-running the step it was on needs no reachable trainer for the
+    # ops it already saw answered, and a reused id naming another request is refused.
+    server = start_server(tmp_path)
+    async with TrainingClient(server.url, reconcile_timeout=1) as trainer:
+        fb = await trainer.forward_backward(batch(), op_id="s1-fb")
+        step = await trainer.optim_step(ADAM, op_id="s1-step")
+        server.kill()
+        assert await trainer.forward_backward(batch(), op_id="s1-fb") == fb
+        assert await trainer.optim_step(ADAM, op_id="s1-step") == step
+        assert trainer.pending_ops == []  # an answered forward_backward is not pending again
+        with pytest.raises(ConfigError, match="already used"):
+            await trainer.forward_backward(batch(seed=1), op_id="s1-fb")

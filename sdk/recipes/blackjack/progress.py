@@ -156,10 +156,10 @@ class _Sampling:
             self._tg.start_soon(self._watch)
 
     async def _watch(self) -> None:
-        turns, t = self._driver.poll().turns, anyio.current_time()
+        turns, t = self._driver.statistics().turns, anyio.current_time()
         while True:
             await anyio.sleep(DRIVER_REFRESH_S)
-            stats, now = self._driver.poll(), anyio.current_time()
+            stats, now = self._driver.statistics(), anyio.current_time()
             rate = (stats.turns - turns) / max(now - t, 1e-9)
             turns, t = stats.turns, now
             self._phase.status(f"{stats.running} episodes running, {rate:.0f} turns/s")

@@ -13,13 +13,12 @@ import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from contextlib import AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import Process
 from rich.console import Console
 
 from plies import ConfigError, PolicyRef
@@ -35,7 +34,7 @@ from plies.environments import (
 )
 from plies.policy import SeededPolicy
 from plies.runtime import EnvPool, Interrupts, RolloutResources, run, write_atomic
-from plies.testing import ServerProcess, plies_command, serve_process, tiny_model_dir
+from plies.testing import plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer
 
 from .config import (
@@ -56,7 +55,7 @@ from .report import print_result, write_summary
 from .rewards import harness_for_budget, sampling_for_budget
 from .runlog import RunLog
 from .state import Interrupted, RunState
-from .trainers import open_clients
+from .trainers import Serving, open_clients
 from .warm_start import applied_steps, transcripts, warm_start
 
 __all__ = ["main", "openenv_server", "policy_server"]
@@ -67,8 +66,6 @@ OPENENV_SESSIONS = 32
 """Concurrent sessions the OpenEnv server accepts (`--env openenv`)."""
 
 EnvFactory = Callable[[], Awaitable[Env]]
-Serving = AbstractAsyncContextManager[ServerProcess[Process]]
-"""A server started on entry and stopped on exit."""
 
 
 QUIET_LIBRARIES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
@@ -268,6 +265,7 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
             console=console,
             interrupts=interrupts,
             progress=progress,
+            policy_service=clients.policy_service,
         )
         try:
             await _phases(state)

@@ -55,6 +55,8 @@ class RunState:
     interrupts: Interrupts
     progress: RunProgress
     """The one live display of the run's phases (on a terminal; lines in a log)."""
+    policy_service: TinkerTrainingClient | None = None
+    """Where the service keeps the run's policies (`Clients.policy_service`)."""
 
     @property
     def budget(self) -> Budget:
@@ -82,12 +84,17 @@ class RunState:
         warm = self.log.last("warm_start")
         warm_version = None if warm is None else warm["policy"]["version"]
         keep = self.config.keep_policies
-        if not isinstance(self.trainer, TinkerTrainingClient):
+        if self.policy_service is None:
             return prune_policies(self.out, warm=warm_version, keep=keep, sampling=sampling)
         logged = [r["policy"] for kind in ("warm_start", "step") for r in self.log.all(kind)]
         published = [PolicyRef.model_validate(p) for p in logged] + ([newest] if newest else [])
         removed, failures = await prune_service_policies(
-            self.out, self.trainer, published, warm=warm_version, keep=keep, sampling=sampling
+            self.out,
+            self.policy_service,
+            published,
+            warm=warm_version,
+            keep=keep,
+            sampling=sampling,
         )
         for why in failures:
             self.console.print(f"[yellow]retention[/]: {why}; it is tried again later")

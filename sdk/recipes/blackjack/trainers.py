@@ -17,15 +17,17 @@ Everything else in the recipe sees only the `Trainer` protocol and a sampler tha
 from __future__ import annotations
 
 import os
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anyio.abc import Process
 from rich.console import Console
 
 from plies import ConfigError, PolicyError, PolicyRef, TrainingError
 from plies.policy import TinkerPolicyClient, VLLMClient
+from plies.testing import ServerProcess
 from plies.training import TinkerTrainingClient, Trainer, TrainingClient
 
 from .config import DemoConfig
@@ -36,9 +38,10 @@ if TYPE_CHECKING:
 
     from transformers import PreTrainedTokenizerBase
 
-    from .run import Serving
+__all__ = ["Clients", "Serving", "last_policy", "open_clients"]
 
-__all__ = ["Clients", "last_policy", "open_clients"]
+Serving = AbstractAsyncContextManager[ServerProcess[Process]]
+"""A server started on entry and stopped on exit (`open_clients` starts `plies serve` so)."""
 
 LOCAL_KEY = "tml-local"
 """The API key sent to the embedded server (the SDK insists on a `tml-` key; it ignores it)."""
@@ -46,11 +49,15 @@ LOCAL_KEY = "tml-local"
 
 @dataclass(frozen=True, slots=True)
 class Clients:
-    """The run's trainer and sampler, and the policy it starts from (the base model)."""
+    """The run's trainer and sampler, the policy it starts from (the base model), and where
+    its policies are kept."""
 
     trainer: Trainer
     sampler: VLLMClient | TinkerPolicyClient
     base: PolicyRef
+    policy_service: TinkerTrainingClient | None = None
+    """The client that deletes policies the service keeps (Tinker); None when the embedded
+    `plies serve` writes them under the run directory, where the run removes them itself."""
 
 
 def last_policy(log: RunLog) -> PolicyRef | None:
@@ -106,4 +113,4 @@ async def open_clients(
         )
     except (TrainingError, PolicyError) as exc:  # a wrong URL or key: one line at the CLI
         raise ConfigError(f"--trainer tinker: {exc}") from exc
-    return Clients(trainer, sampler, sampler.base)
+    return Clients(trainer, sampler, sampler.base, policy_service=trainer)

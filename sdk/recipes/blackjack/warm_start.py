@@ -14,10 +14,8 @@ from plies.training import (
     AdamParams,
     Datum,
     LossName,
-    TinkerTrainingClient,
     Trainer,
     TrainingBatch,
-    TrainingClient,
 )
 
 from .config import SYSTEM_PROMPT, WARM_SEEDS, Budget, WarmPlayers
@@ -126,15 +124,10 @@ async def applied_steps(trainer: Trainer) -> int:
 
     `plies serve` journals every `optim_step` with its batches and reopens from its last
     checkpoint with the steps since redone, so after a Ctrl-C or a crash the count is every
-    step it applied. A
-    Tinker training run is created anew unless it resumes from a saved policy, so there it
-    is the steps behind that policy (0 before the warm start saved one).
+    step it applied. A Tinker training run is created anew unless it resumes from a saved
+    policy, so there it is the steps behind that policy (0 before the warm start saved one).
     """
-    if isinstance(trainer, TrainingClient):
-        return (await trainer.state()).step
-    if isinstance(trainer, TinkerTrainingClient):
-        return trainer.step
-    return 0
+    return (await trainer.state()).step
 
 
 async def warm_start(

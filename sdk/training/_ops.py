@@ -1,0 +1,165 @@
+"""The op ledger both training clients keep, and the one retry policy they use.
+
+`TrainingClient` (plies' wire) and `TinkerTrainingClient` (the Tinker API) promise the same
+thing: every op applies once, and an op whose outcome cannot be learnt stops the client
+rather than being sent blind. The bookkeeping behind that promise is the same on both, so it
+lives here once, in `OpLedger`:
+
+- op ids: given (checked) or issued, refused while the client is quarantined;
+- answered ops: an op id this client completed answers its original result without sending
+  anything; reused for another request it is a `ConfigError`;
+- pending gradients: the forward_backward ops the next `optim_step` applies;
+- the quarantine: why the client refuses further steps, and what `reconcile()` needs to
+  learn the outcome (the op id on the native wire, the SDK future on Tinker).
+
+`retrying` is the retry policy: tenacity with jittered exponential waits, sleeping with
+anyio (tenacity's own async sleep is asyncio's), until a deadline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from .._exceptions import ConfigError, TrainingQuarantined
+from ..wire.training import check_op_id
+
+__all__ = ["ANSWERED_KEPT", "OpLedger", "PendingOp", "Quarantine", "digest", "retrying"]
+
+ANSWERED_KEPT = 1024
+"""Answered ops a client remembers (newest first out last): a script repeats an op id only
+to resume the step it was on, so the recent ones are all it can ask for, and memory stays
+flat over a long run. Older ones are still answered by a native server's own ledger."""
+
+H = TypeVar("H")
+
+
+def retrying(deadline: float, retry_on: type[Exception] | tuple[type[Exception], ...]) -> Any:
+    """The retry policy of the training clients: until `deadline` (`time.monotonic()`).
+
+    Returns:
+        An `AsyncRetrying` that retries on `retry_on` with jittered exponential waits
+        (0.1 s doubling to at most 2 s) and re-raises the last error when time is up.
+    """
+    return AsyncRetrying(
+        stop=stop_after_delay(max(0.0, deadline - time.monotonic())),
+        wait=wait_random_exponential(multiplier=0.1, max=2.0),
+        retry=retry_if_exception_type(retry_on),
+        sleep=anyio.sleep,
+        reraise=True,
+    )
+
+
+def digest(*parts: object) -> str:
+    """What identifies a request, so a reused op id naming another request is caught."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingOp:
+    """A forward_backward whose gradients wait for the next `optim_step`."""
+
+    op_id: str
+    tokens: int
+    """Its batch's masked tokens."""
+
+
+@dataclass(slots=True)
+class Quarantine(Generic[H]):
+    """Why a client refuses further steps, and what it holds to learn the outcome."""
+
+    op_id: str
+    why: str
+    held: H
+
+
+class OpLedger(Generic[H]):
+    """One client's ops: issued ids, answered results, pending gradients, the quarantine.
+
+    Args:
+        unique_ids: issue ids unique across clients (`fb-<uuid>`): the native server keeps
+            one ledger for every client. Otherwise ids count up per client (`fb-1`), which
+            is enough where the ledger is this client's alone (Tinker).
+        how_to_resume: what a quarantined client's errors tell the caller to do.
+    """
+
+    def __init__(self, *, unique_ids: bool, how_to_resume: str) -> None:
+        self.unique_ids = unique_ids
+        self.how_to_resume = how_to_resume
+        self.pending: list[PendingOp] = []
+        self.quarantine: Quarantine[H] | None = None
+        self._answered: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+        self._issued = 0
+
+    @property
+    def why_quarantined(self) -> str | None:
+        return None if self.quarantine is None else self.quarantine.why
+
+    def issue(self, op_id: str | None, kind: str) -> str:
+        """The op id to send: `op_id` checked, or a new one.
+
+        Raises:
+            TrainingQuarantined: the client refuses further steps.
+            ConfigError: `op_id` is not a valid op id.
+        """
+        if self.quarantine is not None:
+            raise TrainingQuarantined(
+                f"training client quarantined: {self.quarantine.why}; {self.how_to_resume}"
+            )
+        if op_id is not None:
+            return check_op_id(op_id)
+        if self.unique_ids:
+            return f"{kind}-{uuid.uuid4().hex}"
+        self._issued += 1
+        return f"{kind}-{self._issued}"
+
+    def answered(self, op_id: str, request: str) -> Any:
+        """The result this client already had for `op_id`, or None.
+
+        Raises:
+            ConfigError: `op_id` was used for another request.
+        """
+        known = self._answered.get(op_id)
+        if known is None:
+            return None
+        if known[0] != request:
+            raise ConfigError(f"op id {op_id!r} was already used for another request")
+        return known[1]
+
+    def answer(self, op_id: str, request: str, result: Any) -> None:
+        """Remember `result` as the answer to `op_id`."""
+        self._answered[op_id] = (request, result)
+        self._answered.move_to_end(op_id)
+        while len(self._answered) > ANSWERED_KEPT:
+            self._answered.popitem(last=False)
+
+    def add_pending(self, op_id: str, tokens: int) -> None:
+        if all(p.op_id != op_id for p in self.pending):
+            self.pending.append(PendingOp(op_id, tokens))
+
+    def take_pending(self) -> list[PendingOp]:
+        """The pending ops, now applied (or lost): the list starts again empty."""
+        pending, self.pending = self.pending, []
+        return pending
+
+    def enter_quarantine(self, op_id: str, why: str, held: H) -> TrainingQuarantined:
+        """Refuse further steps; the error to raise says why and what to do."""
+        self.quarantine = Quarantine(op_id, why, held)
+        return TrainingQuarantined(
+            f"training client quarantined: {why}. It refuses further steps; {self.how_to_resume}"
+        )
+
+    def lift_quarantine(self) -> None:
+        self.quarantine = None
