@@ -94,9 +94,12 @@ class Reply:
         return json.loads(self.body)
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def encode_json(payload: Any) -> bytes:
     """The one JSON encoding every transport sends: compact, UTF-8, no NaN."""
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(payload).encode()
 
 
 class Transport(ABC):
