@@ -12,8 +12,8 @@ Transports, by name (`HTTPPolicyClient(transport=...)`):
 
 - "aiohttp" (default): one `aiohttp.ClientSession`, a connection per request in flight. Its
   pool finds a free connection in O(1), so cost per request stays flat as thousands wait on
-  the engine. aiohttp has no write timeout: the whole request is bounded by the sum of the
-  phases instead (a body is token ids, which the kernel's socket buffer takes at once).
+  the engine. aiohttp has no write timeout: a body over 64 KiB bounds its whole request by the
+  sum of the phases instead; a smaller one is buffered whole, so its write cannot stall.
 - "httpx", "httpx2": `AsyncClient`s in lanes of `LANE_REQUESTS` requests each. httpcore's
   pool scans its connections against its waiting requests on every change, so one client
   shared by C requests costs O(C) per request; lanes keep each pool small.
@@ -131,20 +131,32 @@ class Transport(ABC):
 _JSON = {"content-type": "application/json"}
 
 
+_WRITE_BUFFER = 2**16
+"""Bytes asyncio and aiohttp buffer before a write waits for the socket: a smaller body
+never stalls in the write, so only a larger one needs aiohttp's whole-request bound."""
+
+_URLS_KEPT = 256
+"""Parsed request URLs kept: engines x paths, so a handful in practice."""
+
+
 class AiohttpTransport(Transport):
     """aiohttp's `ClientSession`, one connection per request in flight."""
 
     def __init__(self, timeout: Timeout, headers: Mapping[str, str]):
         import aiohttp
+        import yarl
 
         super().__init__(timeout, headers)
         self._aiohttp = aiohttp
+        self._yarl = yarl
+        self._timeout = aiohttp.ClientTimeout(sock_connect=timeout.connect, sock_read=timeout.read)
         phases = (timeout.connect, timeout.write, timeout.read)
-        self._timeout = aiohttp.ClientTimeout(
+        self._bounded = aiohttp.ClientTimeout(
             total=None if None in phases else sum(p for p in phases if p is not None),
             sock_connect=timeout.connect,
             sock_read=timeout.read,
         )
+        self._urls: dict[str, Any] = {}
         self._session: Any = None
         self._ssl: ssl.SSLContext | None = None
 
@@ -170,10 +182,20 @@ class AiohttpTransport(Transport):
     ) -> Reply:
         aiohttp = self._aiohttp
         session = self._session or self._open()
+        options: dict[str, Any] = {}
         if body is not None:
             headers = _JSON if headers is None else {**_JSON, **headers}
+            if len(body) > _WRITE_BUFFER:
+                options["timeout"] = self._bounded
+        target = self._urls.get(url)
+        if target is None:  # parsing a URL costs more than the rest of a small request
+            target = self._yarl.URL(url)
+            if len(self._urls) < _URLS_KEPT:
+                self._urls[url] = target
         try:
-            async with session.request(method, url, data=body, headers=headers) as resp:
+            async with session.request(
+                method, target, data=body, headers=headers, **options
+            ) as resp:
                 return Reply(resp.status, await resp.read())
         except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as e:
             raise TransportFailure("refused", e) from e
