@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -191,10 +192,18 @@ class Row:
     window_cpu_s: float
     start_s: float
     """When the C-th turn was recorded: the cost of starting C episodes in one burst."""
+    failed: list[str]
+    """The error of each episode that failed (a lost request), in the order they settled."""
 
 
 async def measure(
-    url: str, concurrency: int, turns: int, warmup: float, window: float, client_kind: str
+    url: str,
+    concurrency: int,
+    turns: int,
+    warmup: float,
+    window: float,
+    client_kind: str,
+    gc_freeze: bool = False,
 ) -> Row:
     """Keep `concurrency` episodes of `turns` turns in flight for `warmup + window` seconds.
 
@@ -248,10 +257,14 @@ async def measure(
         )
     pool = EnvPool(nothing, limit=concurrency)
     cpu: list[float] = []
+    failed: list[str] = []
     async with client, RolloutResources(policy=client, pools=[pool]) as res:
         async with anyio.create_task_group() as tg:  # open the connections before the clock
             for _ in range(concurrency):
                 tg.start_soon(partial(client.sample, [1], params, policy=ref))
+        if gc_freeze:  # what is loaded by now lives as long as the run: never scan it again
+            gc.collect()
+            gc.freeze()
         t0 = time.perf_counter()
         t_a, t_b = t0 + warmup, t0 + warmup + window
 
@@ -273,11 +286,15 @@ async def measure(
                 tg.start_soon(clock)
                 tg.start_soon(admit)
                 async for group in d.groups():
-                    assert group.trajectories[0].status.value == "completed", group
+                    trajectory = group.trajectories[0]
+                    if trajectory.status.value != "completed":
+                        failed.append(trajectory.error or trajectory.status.value)
             done = d.poll()
         assert done.leases.balanced and done.leases.released == done.settled_total, done
+    if gc_freeze:
+        gc.unfreeze()
     in_window = sum(t_a <= t < t_b for t in recorded)
-    return Row(in_window, t_b - t_a, cpu[1] - cpu[0], recorded[concurrency - 1] - t0)
+    return Row(in_window, t_b - t_a, cpu[1] - cpu[0], recorded[concurrency - 1] - t0, failed)
 
 
 def main() -> None:
@@ -291,6 +308,11 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=4.0, help="seconds measured")
     parser.add_argument(
         "--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS), help="clients"
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() once the client is loaded and connected, before the clock",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -311,21 +333,28 @@ def main() -> None:
         print(
             f"stand-in engine (bench only, separate process) at {url}: answers after "
             f"L = {args.latency * 1000:g} ms; {args.turns} turns/episode; window "
-            f"{args.window:g} s after {args.warmup:g} s; {os.cpu_count()} CPUs, "
+            f"{args.window:g} s after {args.warmup:g} s; "
+            f"gc.freeze() before the clock: {'yes' if args.gc_freeze else 'no'}; "
+            f"{os.cpu_count()} CPUs, "
             f"load average {os.getloadavg()[0]:.1f}"
         )
         for kind in args.clients:
             print(f"client {kind + ':':<8} RolloutDriver + EnvPool + {CLIENTS[kind]}")
         print(
             "achieved: turns recorded in the window; /raw: achieved over raw's at the same C; "
-            "C-th turn: when the burst start ended"
+            "C-th turn: when the burst start ended; failed: episodes lost to a failed request"
         )
-        header = ("client", "C", "ideal t/s", "achieved", "/ideal", "/raw", "CPU/turn", "C-th turn")
-        print("{:>7} {:>5} {:>10} {:>9} {:>7} {:>7} {:>9} {:>10}".format(*header))
+        header = (
+            *("client", "C", "ideal t/s", "achieved", "/ideal", "/raw", "CPU/turn"),
+            *("C-th turn", "failed"),
+        )
+        print("{:>7} {:>5} {:>10} {:>9} {:>7} {:>7} {:>9} {:>10} {:>6}".format(*header))
         for c in args.concurrency:
             raw = None
             for kind in args.clients:
-                row = anyio.run(measure, url, c, args.turns, args.warmup, args.window, kind)
+                row = anyio.run(
+                    measure, url, c, args.turns, args.warmup, args.window, kind, args.gc_freeze
+                )
                 ideal = c / args.latency
                 achieved = row.window_turns / row.window_s
                 if kind == "raw":
@@ -334,9 +363,12 @@ def main() -> None:
                 cpu_us = row.window_cpu_s / max(row.window_turns, 1) * 1e6
                 print(
                     f"{kind:>7} {c:>5} {ideal:>10.0f} {achieved:>9.0f} {achieved / ideal:>7.1%} "
-                    f"{vs_raw} {cpu_us:>7.0f}us {row.start_s * 1000:>8.0f}ms",
+                    f"{vs_raw} {cpu_us:>7.0f}us {row.start_s * 1000:>8.0f}ms "
+                    f"{len(row.failed):>6}",
                     flush=True,
                 )
+                if row.failed:
+                    print(f"        first failure: {row.failed[0]}", flush=True)
         print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
