@@ -34,8 +34,8 @@ def _runtime_bench():
     return module
 
 
-async def burst(client, requests: int) -> tuple[float, list[float]]:
-    """Send `requests` samples at once; returns the time until the last answer, and latencies."""
+async def burst(client, requests: int) -> tuple[float, list[float], list[str]]:
+    """Send `requests` samples at once: the time until the last answer, latencies, failures."""
     import anyio
 
     from plies import PolicyRef
@@ -44,17 +44,22 @@ async def burst(client, requests: int) -> tuple[float, list[float]]:
     ref = PolicyRef(uri="plies://bench/policies/0", version=0)
     params = SamplingParams(max_tokens=8)
     latencies: list[float] = []
+    failures: list[str] = []
 
     async def one(i: int) -> None:
         t = time.perf_counter()
-        await client.sample([1, 2, 3, 4], params, policy=ref, session=f"episode-{i}")
+        try:
+            await client.sample([1, 2, 3, 4], params, policy=ref, session=f"episode-{i}")
+        except Exception as e:  # counted and shown: a lost request is part of the result
+            failures.append(f"{type(e).__name__}: {e}")
+            return
         latencies.append(time.perf_counter() - t)
 
     start = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for i in range(requests):
             tg.start_soon(one, i)
-    return time.perf_counter() - start, latencies
+    return time.perf_counter() - start, latencies, failures
 
 
 async def measure(url: str, kind: str, requests: int, latency: float, bench) -> list[str]:
@@ -77,15 +82,17 @@ async def measure(url: str, kind: str, requests: int, latency: float, bench) -> 
     async with client:
         for name in ("cold", "warm"):
             cpu = time.process_time()
-            took, latencies = await burst(client, requests)
+            took, latencies, failures = await burst(client, requests)
             cpu = time.process_time() - cpu
-            over = sorted(x - latency for x in latencies)
+            over = sorted(x - latency for x in latencies) or [float("nan")]
             p50 = statistics.median(over)
             p99 = over[int(0.99 * (len(over) - 1))]
             rows.append(
                 f"{kind:>7} {name:>5} {took:>9.2f}s {p50 * 1000:>9.0f}ms {p99 * 1000:>9.0f}ms "
-                f"{over[-1] * 1000:>9.0f}ms {cpu:>7.2f}s"
+                f"{over[-1] * 1000:>9.0f}ms {cpu:>7.2f}s {len(failures):>6}"
             )
+            if failures:
+                rows.append(f"        first failure: {failures[0]}")
     return rows
 
 
@@ -108,8 +115,8 @@ def main() -> None:
     from plies.testing import serve_process_sync
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < args.requests + 512:  # a connection per request in flight
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.requests + 1024), hard))
+    if soft < args.requests + 512:  # a connection per request in flight, here and there
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     standin = [bench.__file__, "--serve", "--latency", str(args.latency)]
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -126,7 +133,8 @@ def main() -> None:
             print(f"client {kind + ':':<8} {bench.CLIENTS[kind]}")
         print("overhead: latency - L, per request; CPU: the client process's, for the burst")
         header = ("client", "burst", "all done", "p50 over", "p99 over", "max over", "CPU")
-        print("{:>7} {:>5} {:>10} {:>11} {:>11} {:>11} {:>8}".format(*header))
+        header = (*header, "failed")
+        print("{:>7} {:>5} {:>10} {:>11} {:>11} {:>11} {:>8} {:>6}".format(*header))
         for kind in args.clients:
             for row in anyio.run(measure, engine.url, kind, args.requests, args.latency, bench):
                 print(row, flush=True)
