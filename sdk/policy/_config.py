@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import httpx
-
 from .._exceptions import ConfigError
 
 __all__ = ["DEFAULT_RETRY", "DEFAULT_TIMEOUT", "RetryPolicy", "Timeout"]
@@ -34,9 +32,6 @@ class Timeout:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"Timeout.{name} must be positive or None, got {value}")
-
-    def to_httpx(self) -> httpx.Timeout:
-        return httpx.Timeout(connect=self.connect, read=self.read, write=self.write, pool=self.pool)
 
 
 @dataclass(frozen=True)

@@ -11,32 +11,29 @@ The session key also travels as a header (`X-Session-ID` unless the client names
 so a router in front of many engines, shared by many rollout processes, can keep every
 request of an episode on the engine whose prefix cache holds its history.
 
-Requests travel in lanes: httpx clients that each carry at most `LANE_REQUESTS` requests at
-once, a new lane opening when every lane is full. httpx places a request by scanning every
-connection in its pool, so one client shared by C concurrent requests costs O(C) per request
-(measured by `bench/runtime_bench.py` at C=256: 14 ms of CPU per request with one client,
-1.3 ms with lanes, about what one request costs httpx alone).
+Requests go through a `Transport` (`_transport.py`): aiohttp by default, httpx or httpx2 on
+request. The transport only says whether a request got an answer and, if not, which of four
+ways it failed; the rules below are applied here, the same for every transport.
 
 Errors are translated at this edge, and whether a failure may be retried depends only on
 whether the request provably never reached the engine:
 
 - refused connection, connect timeout, pool timeout, HTTP 503: `PolicyUnavailable`, retried
   with tenacity (bounded, jittered), on another engine when there is one;
-- read/write timeout, dropped connection, 502/504: `PolicyOutcomeUnknown`, never repeated;
+- read/write timeout, dropped connection, garbled answer, 502/504: `PolicyOutcomeUnknown`,
+  never repeated;
 - other 4xx/5xx answers and malformed bodies: `PolicyResponseError`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ssl
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, Self
+from urllib.parse import urlencode
 
 import anyio
-import httpx
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -46,23 +43,29 @@ from tenacity import (
 
 from .._exceptions import (
     ConfigError,
+    PolicyError,
     PolicyOutcomeUnknown,
     PolicyResponseError,
     PolicyUnavailable,
 )
 from .._lifecycle import AsyncLifecycle
-from .._net import CLIENT_KEEPALIVE_S
 from ..trajectory import PolicyRef
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
+from ._transport import (
+    DEFAULT_TRANSPORT,
+    Reply,
+    Transport,
+    TransportFailure,
+    TransportName,
+    encode_json,
+    open_transport,
+)
 from ._types import Completion, SamplingParams
 
 __all__ = ["HTTPPolicyClient"]
 
 PolicyChoice = PolicyRef | str | None
 """The policy a caller asks `sample` for: a `PolicyRef`, a served name, or the default."""
-
-LANE_REQUESTS = 8
-"""Most requests one httpx client carries at once."""
 
 SESSION_HEADER = "X-Session-ID"
 """The header that carries a request's session key (the episode id) to a router."""
@@ -85,7 +88,7 @@ def _normalise(base_urls: str | Sequence[str]) -> list[str]:
     return out
 
 
-def _error_message(resp: httpx.Response) -> str:
+def _error_message(resp: Reply) -> str:
     try:
         body = resp.json()
     except ValueError:
@@ -100,14 +103,6 @@ def _error_message(resp: httpx.Response) -> str:
     return str(body)[:500]
 
 
-class _Lane:
-    __slots__ = ("http", "in_flight")
-
-    def __init__(self, http: httpx.AsyncClient):
-        self.http = http
-        self.in_flight = 0
-
-
 class HTTPPolicyClient(AsyncLifecycle):
     """Base of the HTTP backends. Use as `async with Client(...) as client:`; opens once.
 
@@ -119,6 +114,8 @@ class HTTPPolicyClient(AsyncLifecycle):
         headers: sent with every request (e.g. an `Authorization` for a hosted engine).
         session_header: the header that carries `sample(session=...)` to a router in front
             of the engines; None sends none.
+        transport: the HTTP library under the client (`_transport.py`); the default is the
+            one `bench/runtime_bench.py` measures fastest at thousands of requests in flight.
     """
 
     _health_path = "/health"
@@ -131,14 +128,13 @@ class HTTPPolicyClient(AsyncLifecycle):
         retry: RetryPolicy = DEFAULT_RETRY,
         headers: dict[str, str] | None = None,
         session_header: str | None = SESSION_HEADER,
+        transport: TransportName = DEFAULT_TRANSPORT,
     ):
         self.base_urls = _normalise(base_urls)
         self.timeout = timeout
         self.retry = retry
         self.session_header = session_header
-        self._headers = dict(headers or {})
-        self._lanes: list[_Lane] = []
-        self._ssl: ssl.SSLContext | None = None  # one for all lanes: each costs ~20 ms to load
+        self._transport: Transport = open_transport(transport, timeout, headers or {})
         self._down_until: dict[str, float] = {}
         self._in_flight: dict[str, int] = dict.fromkeys(self.base_urls, 0)
         self._turn = 0
@@ -155,42 +151,7 @@ class HTTPPolicyClient(AsyncLifecycle):
     async def aclose(self) -> None:
         """Close connections. Safe to call more than once."""
         self._close()
-        lanes, self._lanes = self._lanes, []
-        for lane in lanes:
-            await lane.http.aclose()
-
-    @contextmanager
-    def _lane(self) -> Iterator[httpx.AsyncClient]:
-        """Carry one request in the first lane with room, or in a new one."""
-        self._check_open("send a request")
-        for lane in self._lanes:
-            if lane.in_flight < LANE_REQUESTS:
-                break
-        else:
-            lane = self._open_lane()
-        lane.in_flight += 1
-        try:
-            yield lane.http
-        finally:
-            lane.in_flight -= 1
-
-    def _open_lane(self) -> _Lane:
-        if self._ssl is None:
-            self._ssl = httpx.create_ssl_context()
-        lane = _Lane(
-            httpx.AsyncClient(
-                verify=self._ssl,
-                timeout=self.timeout.to_httpx(),
-                headers=self._headers,
-                limits=httpx.Limits(
-                    max_connections=LANE_REQUESTS,
-                    max_keepalive_connections=LANE_REQUESTS,
-                    keepalive_expiry=CLIENT_KEEPALIVE_S,
-                ),
-            )
-        )
-        self._lanes.append(lane)
-        return lane
+        await self._transport.aclose()
 
     # -- engine choice --------------------------------------------------------------------
 
@@ -207,11 +168,11 @@ class HTTPPolicyClient(AsyncLifecycle):
         return result
 
     async def _probe(self, url: str) -> bool:
+        self._check_open("send a request")
         try:
-            with self._lane() as http:
-                resp = await http.get(url + self._health_path)
-            ok = resp.status_code == 200
-        except httpx.HTTPError:
+            reply = await self._transport.request("GET", url + self._health_path, None, None)
+            ok = reply.status == 200
+        except TransportFailure:
             ok = False
         if ok:
             self._down_until.pop(url, None)
@@ -223,6 +184,8 @@ class HTTPPolicyClient(AsyncLifecycle):
         self._down_until[url] = time.monotonic() + self.retry.down_for
 
     async def _choose(self, session: str | None) -> str:
+        if len(self.base_urls) == 1 and not self._down_until:
+            return self.base_urls[0]
         now = time.monotonic()
         up = [u for u in self.base_urls if self._down_until.get(u, 0) <= now]
         # An engine whose down time has passed is probed before it gets traffic.
@@ -271,7 +234,16 @@ class HTTPPolicyClient(AsyncLifecycle):
     # -- requests -------------------------------------------------------------------------
 
     async def _post(self, path: str, payload: dict[str, Any], session: str | None) -> Any:
-        """POST `payload` to one engine, retrying only what never reached an engine."""
+        """POST `payload` to one engine, retrying only what never reached an engine.
+
+        The first attempt runs outside tenacity, which costs tens of microseconds a request
+        to set up; once it fails, tenacity's loop replays that failure as its own first
+        attempt, so waits and the attempt count are what `RetryPolicy` says.
+        """
+        try:
+            return await self._send(await self._choose(session), path, payload, session=session)
+        except PolicyUnavailable as e:
+            first: PolicyUnavailable | None = e
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retry.attempts),
             wait=wait_random_exponential(
@@ -283,6 +255,9 @@ class HTTPPolicyClient(AsyncLifecycle):
         )
         async for attempt in retrying:
             with attempt:
+                if first is not None:
+                    failure, first = first, None
+                    raise failure
                 url = await self._choose(session)
                 return await self._send(url, path, payload, session=session)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
@@ -299,36 +274,20 @@ class HTTPPolicyClient(AsyncLifecycle):
         session: str | None = None,
     ) -> Any:
         """One request, errors translated; no retry. Returns the JSON body (or the text)."""
+        self._check_open("send a request")
         headers = None
         if session is not None and self.session_header is not None:
             headers = {self.session_header: session}
+        body = None if payload is None else encode_json(payload)
+        target = url + path + ("?" + urlencode(params) if params else "")
         self._in_flight[url] += 1
         try:
-            with self._lane() as http:
-                resp = await http.request(
-                    method, url + path, json=payload, params=params, headers=headers
-                )
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            self._mark_down(url)
-            raise PolicyUnavailable(f"cannot connect to {url}: {e!r}", url=url) from e
-        except httpx.PoolTimeout as e:
-            raise PolicyUnavailable(f"no free connection to {url}: {e!r}", url=url) from e
-        except httpx.TimeoutException as e:
-            raise PolicyOutcomeUnknown(
-                f"{url}{path} gave no answer within the timeout ({type(e).__name__}); "
-                "the request may have run",
-                url=url,
-            ) from e
-        except httpx.TransportError as e:
-            self._mark_down(url)
-            raise PolicyOutcomeUnknown(
-                f"connection to {url} failed mid-request ({type(e).__name__}: {e}); "
-                "the request may have run",
-                url=url,
-            ) from e
+            resp = await self._transport.request(method, target, body, headers)
+        except TransportFailure as e:
+            raise self._failure(url, path, e) from e.__cause__
         finally:
             self._in_flight[url] -= 1
-        status = resp.status_code
+        status = resp.status
         if status == 503:
             raise PolicyUnavailable(f"{url} is overloaded (503): {_error_message(resp)}", url=url)
         if status in (502, 504):
@@ -348,3 +307,22 @@ class HTTPPolicyClient(AsyncLifecycle):
             raise PolicyResponseError(
                 f"{url}{path} answered with invalid JSON: {resp.text[:200]!r}", url=url
             ) from e
+
+    def _failure(self, url: str, path: str, failure: TransportFailure) -> PolicyError:
+        """The plies error for a request that got no answer: retried only if never sent."""
+        if failure.kind == "refused":
+            self._mark_down(url)
+            return PolicyUnavailable(f"cannot connect to {url}: {failure}", url=url)
+        if failure.kind == "no_connection":
+            return PolicyUnavailable(f"no free connection to {url}: {failure}", url=url)
+        if failure.kind == "timeout":
+            return PolicyOutcomeUnknown(
+                f"{url}{path} gave no answer within the timeout ({failure}); "
+                "the request may have run",
+                url=url,
+            )
+        self._mark_down(url)
+        return PolicyOutcomeUnknown(
+            f"connection to {url} failed mid-request ({failure}); the request may have run",
+            url=url,
+        )

@@ -16,6 +16,7 @@ from .._exceptions import PolicyResponseError
 from ..trajectory import PolicyRef
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 from ._http import SESSION_HEADER, HTTPPolicyClient, PolicyChoice
+from ._transport import DEFAULT_TRANSPORT, TransportName
 from ._types import Completion, SamplingParams
 
 __all__ = ["SGLangClient"]
@@ -31,7 +32,7 @@ class SGLangClient(HTTPPolicyClient):
         policy: the policy the engines serve at start, registered under `weight_version`.
         weight_version: the version string the engines report for `policy` (SGLang's
             default is "default").
-        timeout, retry, headers, session_header: as for every HTTP backend; by default
+        timeout, retry, headers, session_header, transport: as for every HTTP backend; by default
             `sample(session=...)` also sends the session as `X-Session-ID`, for a router.
 
     Example:
@@ -50,6 +51,7 @@ class SGLangClient(HTTPPolicyClient):
         retry: RetryPolicy = DEFAULT_RETRY,
         headers: dict[str, str] | None = None,
         session_header: str | None = SESSION_HEADER,
+        transport: TransportName = DEFAULT_TRANSPORT,
     ):
         super().__init__(
             base_urls,
@@ -57,6 +59,7 @@ class SGLangClient(HTTPPolicyClient):
             retry=retry,
             headers=headers,
             session_header=session_header,
+            transport=transport,
         )
         self.model = model
         self._versions: dict[str, PolicyRef] = {}

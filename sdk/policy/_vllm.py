@@ -24,6 +24,7 @@ from ..wire.sampling import served_name
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 from ._http import SESSION_HEADER, HTTPPolicyClient, PolicyChoice
 from ._publish import load_lora_adapter
+from ._transport import DEFAULT_TRANSPORT, TransportName
 from ._types import Completion, SamplingParams
 
 __all__ = ["VLLMClient"]
@@ -38,7 +39,7 @@ class VLLMClient(HTTPPolicyClient):
         base_urls: one engine URL or several (load-balanced, sticky per session).
         model: the served name used when `sample` gets no `policy`.
         policy: the `PolicyRef` loaded under `model`, for engines that do not report it.
-        timeout, retry, headers, session_header: as for every HTTP backend; by default
+        timeout, retry, headers, session_header, transport: as for every HTTP backend; by default
             `sample(session=...)` also sends the session as `X-Session-ID`, for a router.
 
     Example:
@@ -56,6 +57,7 @@ class VLLMClient(HTTPPolicyClient):
         retry: RetryPolicy = DEFAULT_RETRY,
         headers: dict[str, str] | None = None,
         session_header: str | None = SESSION_HEADER,
+        transport: TransportName = DEFAULT_TRANSPORT,
     ):
         super().__init__(
             base_urls,
@@ -63,6 +65,7 @@ class VLLMClient(HTTPPolicyClient):
             retry=retry,
             headers=headers,
             session_header=session_header,
+            transport=transport,
         )
         if not model:
             raise ConfigError("VLLMClient needs the served model name")

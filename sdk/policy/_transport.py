@@ -1,0 +1,300 @@
+"""How a policy client's requests reach an engine: one seam over the HTTP library.
+
+`HTTPPolicyClient` speaks to engines only through a `Transport`: one request in, a `Reply`
+(status and body) or a `TransportFailure` out. A transport translates its library's
+exceptions into the four `FailureKind`s at this edge, and the client turns each kind into a
+plies error by one rule for every transport (`_http.py`): what never reached an engine may be
+retried, what may have run never is. Everything else a transport must do the same way: keep
+connections alive for `CLIENT_KEEPALIVE_S`, set TCP_NODELAY, send the client's headers, and
+bound each request by the `Timeout` phases.
+
+Transports, by name (`HTTPPolicyClient(transport=...)`):
+
+- "aiohttp" (default): one `aiohttp.ClientSession`, a connection per request in flight. Its
+  pool finds a free connection in O(1), so cost per request stays flat as thousands wait on
+  the engine. aiohttp has no write timeout: a body over 64 KiB bounds its whole request by the
+  sum of the phases instead; a smaller one is buffered whole, so its write cannot stall.
+- "httpx", "httpx2": `AsyncClient`s in lanes of `LANE_REQUESTS` requests each. httpcore's
+  pool scans its connections against its waiting requests on every change, so one client
+  shared by C requests costs O(C) per request; lanes keep each pool small.
+
+`bench/runtime_bench.py` and `bench/queue_bench.py` measure each against a minimal client;
+docs/scaling.md quotes them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import ssl
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Literal
+
+import httpx
+
+from .._exceptions import ConfigError, PolicyError
+from .._net import CLIENT_KEEPALIVE_S
+from ._config import Timeout
+
+__all__ = [
+    "DEFAULT_TRANSPORT",
+    "LANE_REQUESTS",
+    "FailureKind",
+    "Reply",
+    "Transport",
+    "TransportFailure",
+    "TransportName",
+    "open_transport",
+]
+
+TransportName = Literal["aiohttp", "httpx", "httpx2"]
+DEFAULT_TRANSPORT: TransportName = "aiohttp"
+
+LANE_REQUESTS = 8
+"""Most requests one httpx client carries at once."""
+
+FailureKind = Literal["refused", "no_connection", "timeout", "dropped"]
+"""Why a request got no answer, which decides whether it may have run:
+
+- "refused": no connection could be made (refused, connect timeout, unresolvable host);
+  the engine never saw the request and is probably down.
+- "no_connection": every allowed connection stayed busy for the pool timeout; never sent.
+- "timeout": sent, and no whole answer came within the read (or write) timeout.
+- "dropped": the connection failed or garbled the answer mid-request.
+"""
+
+
+class TransportFailure(PolicyError):
+    """A request got no HTTP answer; `kind` says whether it may have reached the engine.
+
+    Raised by transports and translated by `HTTPPolicyClient._send`; callers never see it.
+    """
+
+    def __init__(self, kind: FailureKind, cause: BaseException):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An engine's whole HTTP answer."""
+
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The body as JSON; `ValueError` if it is not."""
+        return json.loads(self.body)
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def encode_json(payload: Any) -> bytes:
+    """The one JSON encoding every transport sends: compact, UTF-8, no NaN."""
+    return _ENCODER.encode(payload).encode()
+
+
+class Transport(ABC):
+    """One HTTP library under a policy client. Opened lazily, closed by `aclose`."""
+
+    def __init__(self, timeout: Timeout, headers: Mapping[str, str]):
+        self.timeout = timeout
+        self.headers = dict(headers)
+
+    @abstractmethod
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+    ) -> Reply:
+        """Send one request (a JSON body when `body` is given) and read the whole answer.
+
+        Raises:
+            TransportFailure: no answer; its `kind` says whether the request may have run.
+        """
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Close every connection. Safe to call more than once."""
+
+
+_JSON = {"content-type": "application/json"}
+
+
+_WRITE_BUFFER = 2**16
+"""Bytes asyncio and aiohttp buffer before a write waits for the socket: a smaller body
+never stalls in the write, so only a larger one needs aiohttp's whole-request bound."""
+
+_URLS_KEPT = 256
+"""Parsed request URLs kept: engines x paths, so a handful in practice."""
+
+
+class AiohttpTransport(Transport):
+    """aiohttp's `ClientSession`, one connection per request in flight."""
+
+    def __init__(self, timeout: Timeout, headers: Mapping[str, str]):
+        import aiohttp
+        import yarl
+
+        super().__init__(timeout, headers)
+        self._aiohttp = aiohttp
+        self._yarl = yarl
+        self._timeout = aiohttp.ClientTimeout(sock_connect=timeout.connect, sock_read=timeout.read)
+        phases = (timeout.connect, timeout.write, timeout.read)
+        self._bounded = aiohttp.ClientTimeout(
+            total=None if None in phases else sum(p for p in phases if p is not None),
+            sock_connect=timeout.connect,
+            sock_read=timeout.read,
+        )
+        self._urls: dict[str, Any] = {}
+        self._session: Any = None
+        self._ssl: ssl.SSLContext | None = None
+
+    def _open(self) -> Any:
+        aiohttp = self._aiohttp
+        if self._ssl is None:
+            self._ssl = httpx.create_ssl_context()
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S, ssl=self._ssl
+            ),
+            timeout=self._timeout,
+            headers=self.headers,
+        )
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+    ) -> Reply:
+        aiohttp = self._aiohttp
+        session = self._session or self._open()
+        options: dict[str, Any] = {}
+        if body is not None:
+            headers = _JSON if headers is None else {**_JSON, **headers}
+            if len(body) > _WRITE_BUFFER:
+                options["timeout"] = self._bounded
+        target = self._urls.get(url)
+        if target is None:  # parsing a URL costs more than the rest of a small request
+            target = self._yarl.URL(url)
+            if len(self._urls) < _URLS_KEPT:
+                self._urls[url] = target
+        try:
+            async with session.request(
+                method, target, data=body, headers=headers, **options
+            ) as resp:
+                return Reply(resp.status, await resp.read())
+        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as e:
+            raise TransportFailure("refused", e) from e
+        except TimeoutError as e:  # sock_read, or the whole request's bound
+            raise TransportFailure("timeout", e) from e
+        except aiohttp.ClientError as e:
+            raise TransportFailure("dropped", e) from e
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+class _Lane:
+    __slots__ = ("http", "in_flight")
+
+    def __init__(self, http: Any):
+        self.http = http
+        self.in_flight = 0
+
+
+class LanedHttpxTransport(Transport):
+    """httpx's (or httpx2's, the same API) `AsyncClient`s, `LANE_REQUESTS` requests each."""
+
+    def __init__(self, timeout: Timeout, headers: Mapping[str, str], lib: ModuleType):
+        super().__init__(timeout, headers)
+        self._lib = lib
+        self._lanes: list[_Lane] = []
+        self._ssl: ssl.SSLContext | None = None  # one for all lanes: each costs ~20 ms to load
+
+    def _open_lane(self) -> _Lane:
+        lib = self._lib
+        if self._ssl is None:
+            self._ssl = httpx.create_ssl_context()
+        t = self.timeout
+        lane = _Lane(
+            lib.AsyncClient(
+                verify=self._ssl,
+                timeout=lib.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+                headers=self.headers,
+                limits=lib.Limits(
+                    max_connections=LANE_REQUESTS,
+                    max_keepalive_connections=LANE_REQUESTS,
+                    keepalive_expiry=CLIENT_KEEPALIVE_S,
+                ),
+            )
+        )
+        self._lanes.append(lane)
+        return lane
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+    ) -> Reply:
+        lib = self._lib
+        for lane in self._lanes:
+            if lane.in_flight < LANE_REQUESTS:
+                break
+        else:
+            lane = self._open_lane()
+        if body is not None:
+            headers = _JSON if headers is None else {**_JSON, **headers}
+        lane.in_flight += 1
+        try:
+            resp = await lane.http.request(method, url, content=body, headers=headers)
+        except (lib.ConnectError, lib.ConnectTimeout) as e:
+            raise TransportFailure("refused", e) from e
+        except lib.PoolTimeout as e:
+            raise TransportFailure("no_connection", e) from e
+        except lib.TimeoutException as e:
+            raise TransportFailure("timeout", e) from e
+        except lib.TransportError as e:
+            raise TransportFailure("dropped", e) from e
+        finally:
+            lane.in_flight -= 1
+        return Reply(resp.status_code, resp.content)
+
+    async def aclose(self) -> None:
+        lanes, self._lanes = self._lanes, []
+        for lane in lanes:
+            await lane.http.aclose()
+
+
+def open_transport(name: str, timeout: Timeout, headers: Mapping[str, str]) -> Transport:
+    """The transport called `name`, configured alike whichever it is.
+
+    Raises:
+        ConfigError: `name` is not a known transport, or its package is not installed.
+    """
+    if name == "aiohttp":
+        return AiohttpTransport(timeout, headers)
+    if name in ("httpx", "httpx2"):
+        try:
+            lib = importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"the {name} transport needs the {name} package: {e}") from e
+        return LanedHttpxTransport(timeout, headers, lib)
+    raise ConfigError(f"unknown HTTP transport {name!r}; choose one of aiohttp, httpx, httpx2")

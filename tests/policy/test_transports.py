@@ -1,0 +1,191 @@
+"""Every transport under the policy clients behaves alike on the wire and in its failures.
+
+A loopback engine misbehaves on request (the payload's `model` names how); each test runs on
+aiohttp, httpx and httpx2 and checks what the caller sees and what the engine saw: whether a
+request was repeated, which headers arrived, how connections were kept and configured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import pytest
+from anyio.abc import SocketAttribute, SocketStream
+
+from plies import ConfigError, PolicyOutcomeUnknown, PolicyResponseError, PolicyUnavailable
+from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
+
+pytestmark = pytest.mark.anyio
+
+TRANSPORTS = ["aiohttp", "httpx", "httpx2"]
+REF = {"uri": "plies://test/policies/0", "version": 0, "digest": ""}
+ANSWER = json.dumps(
+    {
+        "choices": [
+            {"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop"}
+        ],
+        "plies_policy": REF,
+    }
+).encode()
+PARAMS = SamplingParams(max_tokens=1)
+FAST_RETRY = RetryPolicy(attempts=3, initial_wait=0.01, max_wait=0.02)
+
+
+def response(status: int, body: bytes) -> bytes:
+    return (
+        f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+@dataclass
+class Engine:
+    """Answers `/v1/completions` as the payload's `model` says; records what it saw."""
+
+    port: int = 0
+    connections: int = 0
+    requests: list[tuple[dict[str, str], dict]] = field(default_factory=list)
+    peers: list[int] = field(default_factory=list)
+
+    async def handle(self, stream: SocketStream) -> None:
+        self.connections += 1
+        self.peers.append(stream.extra(SocketAttribute.remote_port))
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    buf += await stream.receive()
+                head, _, rest = buf.partition(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")[1:]
+                headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines)}
+                length = int(headers.get("content-length", 0))
+                while len(rest) < length:
+                    rest += await stream.receive()
+                body, buf = json.loads(rest[:length]), rest[length:]
+                self.requests.append((headers, body))
+                how = body.get("model")
+                if how == "hang":
+                    await anyio.sleep_forever()
+                if how == "drop":
+                    return
+                answer = {
+                    "ok": response(200, ANSWER),
+                    "busy": response(503, b'{"error": {"message": "full"}}'),
+                    "gateway": response(502, b"bad gateway"),
+                    "not-json": response(200, b"<html>"),
+                    "garble": b"HTTP/1.1 abc\r\n\r\n",
+                }[how]
+                await stream.send(answer)
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            pass
+        finally:
+            await stream.aclose()
+
+
+@pytest.fixture
+async def engine():
+    engine = Engine()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    engine.port = listener.extra(SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, engine.handle)
+        yield engine
+        tg.cancel_scope.cancel()
+
+
+def client(port: int, how: str, transport: str, **kwargs) -> VLLMClient:
+    from plies import PolicyRef
+
+    return VLLMClient(
+        f"http://127.0.0.1:{port}",
+        how,
+        policy=PolicyRef.model_validate(REF),
+        retry=kwargs.pop("retry", FAST_RETRY),
+        transport=transport,
+        **kwargs,
+    )
+
+
+def nodelay_of_socket_to(port: int, local_port: int) -> int:
+    """TCP_NODELAY of this process's socket from `local_port` to `port` on loopback."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with sock:
+            try:
+                if sock.getsockname()[1] == local_port and sock.getpeername()[1] == port:
+                    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            except (OSError, IndexError, TypeError):
+                continue
+    raise AssertionError(f"no socket from port {local_port} to {port}")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_answers_carry_headers_on_one_kept_alive_nodelay_connection(engine, transport):
+    async with client(
+        engine.port, "ok", transport, headers={"Authorization": "Bearer t0k"}
+    ) as policy:
+        for _ in range(3):
+            completion = await policy.sample([1, 2], PARAMS, session="episode-7")
+            assert completion.ids == [7] and completion.logprobs == [-0.5]
+        assert engine.connections == 1
+        assert nodelay_of_socket_to(engine.port, engine.peers[0]) != 0
+    for headers, body in engine.requests:
+        assert headers["x-session-id"] == "episode-7"
+        assert headers["authorization"] == "Bearer t0k"
+        assert headers["content-type"] == "application/json"
+        assert body["prompt"] == [1, 2] and body["model"] == "ok"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_what_never_reached_an_engine_is_retried_and_unavailable(engine, transport):
+    async with client(engine.port, "busy", transport) as policy:
+        with pytest.raises(PolicyUnavailable, match="overloaded"):
+            await policy.sample([1], PARAMS)
+    assert len(engine.requests) == FAST_RETRY.attempts
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    async with client(closed_port, "ok", transport) as policy:
+        with pytest.raises(PolicyUnavailable, match="cannot connect"):
+            await policy.sample([1], PARAMS)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("hang", "within the timeout"),
+        ("drop", "failed mid-request"),
+        ("garble", "failed mid-request"),
+        ("gateway", "answered 502"),
+    ],
+)
+async def test_what_may_have_run_is_never_repeated(engine, transport, how, says):
+    async with client(engine.port, how, transport, timeout=Timeout(read=0.5)) as policy:
+        start = time.monotonic()
+        with pytest.raises(PolicyOutcomeUnknown, match=says) as caught:
+            await policy.sample([1], PARAMS)
+        assert time.monotonic() - start < 3
+    assert "may have run" in str(caught.value)
+    assert len(engine.requests) == 1
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_an_answer_that_is_not_json_is_a_response_error(engine, transport):
+    async with client(engine.port, "not-json", transport) as policy:
+        with pytest.raises(PolicyResponseError, match="invalid JSON"):
+            await policy.sample([1], PARAMS)
+    assert len(engine.requests) == 1
+
+
+def test_an_unknown_transport_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"'curl'.*aiohttp, httpx, httpx2"):
+        client(1, "ok", "curl")
