@@ -9,7 +9,11 @@
   `SandboxBackend`: `LocalProcessBackend` or `E2BBackend`; `reap_sandbox` kills one by id and
   `sandbox_reapers()` hands `plies reap` a reaper per sandbox kind.
 
-The `openenv` and `e2b` packages are imported only when an env first needs them.
+- `McpHost`, `McpServer`, `McpEnv`: an MCP server's tools as an env, one session (and, for a
+  stateful stdio server, one process) per episode; `marked_processes` finds any left.
+- `EnvMcpServer`: the reverse: an env's tools served over MCP for one episode.
+
+The `openenv`, `e2b` and `mcp` packages are imported only when an env first needs them.
 """
 
 from plies import ToolError as ToolError
@@ -23,6 +27,11 @@ from ._env import ToolResult as ToolResult
 from ._env import tool as tool
 from .blackjack import BlackjackEnv as BlackjackEnv
 from .e2b_backend import E2BBackend as E2BBackend
+from .mcp_client import McpEnv as McpEnv
+from .mcp_client import McpHost as McpHost
+from .mcp_client import McpServer as McpServer
+from .mcp_client import marked_processes as marked_processes
+from .mcp_server import EnvMcpServer as EnvMcpServer
 from .openenv_client import OpenEnvEndpoint as OpenEnvEndpoint
 from .openenv_client import OpenEnvEnv as OpenEnvEnv
 from .sandbox import CommandResult as CommandResult
@@ -38,7 +47,11 @@ __all__ = [
     "CommandResult",
     "E2BBackend",
     "Env",
+    "EnvMcpServer",
     "LocalProcessBackend",
+    "McpEnv",
+    "McpHost",
+    "McpServer",
     "Observation",
     "OpenEnvEndpoint",
     "OpenEnvEnv",
@@ -50,6 +63,7 @@ __all__ = [
     "Tool",
     "ToolError",
     "ToolResult",
+    "marked_processes",
     "reap_sandbox",
     "sandbox_reapers",
     "tool",
