@@ -9,6 +9,8 @@
   `SandboxBackend`: `LocalProcessBackend` or `E2BBackend`; `reap_sandbox` kills one by id and
   `sandbox_reapers()` hands `plies reap` a reaper per sandbox kind.
 
+- `HarborTask`, `HarborEnv`: a Harbor task directory as an env, each episode in a
+  `BubblewrapBackend` sandbox that gives the task its absolute paths and no network.
 - `McpHost`, `McpServer`, `McpEnv`: an MCP server's tools as an env, one session (and, for a
   stateful stdio server, one process) per episode; `marked_processes` finds any left.
 - `EnvMcpServer`: the reverse: an env's tools served over MCP for one episode.
@@ -26,7 +28,10 @@ from ._env import Tool as Tool
 from ._env import ToolResult as ToolResult
 from ._env import tool as tool
 from .blackjack import BlackjackEnv as BlackjackEnv
+from .bubblewrap import BubblewrapBackend as BubblewrapBackend
 from .e2b_backend import E2BBackend as E2BBackend
+from .harbor import HarborEnv as HarborEnv
+from .harbor import HarborTask as HarborTask
 from .mcp_client import McpEnv as McpEnv
 from .mcp_client import McpHost as McpHost
 from .mcp_client import McpServer as McpServer
@@ -44,10 +49,13 @@ from .sandboxed import SandboxedBlackjackEnv as SandboxedBlackjackEnv
 
 __all__ = [
     "BlackjackEnv",
+    "BubblewrapBackend",
     "CommandResult",
     "E2BBackend",
     "Env",
     "EnvMcpServer",
+    "HarborEnv",
+    "HarborTask",
     "LocalProcessBackend",
     "McpEnv",
     "McpHost",
