@@ -255,3 +255,14 @@ async def test_a_task_without_a_prompt_is_refused_by_name():
         with pytest.raises(ConfigError, match="task 'p' needs data\\['prompt'\\]"):
             await env.reset(Task(id="p"))
     assert marked_processes() == []
+
+
+async def test_what_a_server_leaves_behind_is_killed_when_its_episode_ends():
+    """A server whose child outlives it (as npx's do) leaves nothing after the session."""
+    command = f"sleep 300 & exec {BIN / 'mcp-server-time'}"
+    async with McpHost(McpServer.stdio(["sh", "-c", command])) as host:
+        async with host.env() as env:
+            await env.reset(Task(id="t", data={"prompt": "hi"}))
+            assert len(marked_processes()) == 2
+        assert host.statistics().stragglers_killed == 1
+        assert marked_processes() == []
