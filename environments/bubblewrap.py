@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from plies import ConfigError
+from plies import ConfigError, SandboxError
 
-from .sandbox import LocalProcessBackend, LocalSandbox
+from .sandbox import CommandResult, LocalProcessBackend, LocalSandbox
 
 __all__ = ["BubblewrapBackend", "BubblewrapSandbox", "Mount"]
 
@@ -100,6 +100,18 @@ class BubblewrapSandbox(LocalSandbox):
         super().__init__(path, base_env)
         self.backend = backend
         self._env.update(HOME="/root", TMPDIR="/tmp", PATH=_PATH)
+
+    async def run(
+        self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None
+    ) -> CommandResult:
+        result = await super().run(argv, timeout_s=timeout_s, env=env)
+        if result.exit_code == 1 and result.stderr.startswith("bwrap: "):
+            # bubblewrap itself failed (no user namespaces, a missing path): not the command.
+            reason = result.stderr.splitlines()[0]
+            raise SandboxError(
+                f"bubblewrap could not start the sandbox: {reason}", sandbox_id=self.id
+            )
+        return result
 
     def host_path(self, source: str) -> Path:
         """Where a mount's directory lies on the host (to put files in from outside)."""

@@ -79,6 +79,9 @@ MARK_VAR = "PLIES_MCP_SESSION"
 
 SUBMIT_TOOL = "submit"
 
+_REQUEST_TIMEOUT = 408
+"""The code the SDK's session gives a request that got no answer in time (HTTP's 408)."""
+
 Score = Callable[["McpEnv", str], Awaitable[float]]
 """`score(env, answer) -> reward`: may call the env's session (`env.session.client`) to check
 the server's state before the episode's server is gone."""
@@ -470,7 +473,7 @@ class McpEnv(Env):
         try:
             result = await session.client.call_tool(name, arguments, read_timeout_seconds=timeout)
         except McpError as err:
-            if err.error.code == CONNECTION_CLOSED or err.error.code == 408:
+            if err.error.code in (CONNECTION_CLOSED, _REQUEST_TIMEOUT):
                 raise EnvError(
                     f"{self.host.server.name} did not answer {name!r}: {err.error.message}"
                 ) from err

@@ -16,7 +16,7 @@ import anyio
 import pytest
 from scripted_policy import POLICY, ScriptedPolicy
 
-from plies import ConfigError, Status
+from plies import ConfigError, SandboxError, Status
 from plies.environments import HarborEnv, HarborTask, Task, reap_sandbox
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import SamplingParams
@@ -219,3 +219,14 @@ async def test_a_recorded_sandbox_is_reaped_by_kind_and_id(tmp_path):
     assert sandbox_processes(tmp_path) == [] and not Path(ref.id).exists()
     await env.close()  # finds the sandbox gone
     assert os.path.isdir(tmp_path) and list(tmp_path.iterdir()) == []
+
+
+async def test_a_bubblewrap_failure_is_a_sandbox_error_not_the_commands_output(tmp_path):
+    task = HarborTask.load(TASKS / "count-lines")
+    env = HarborEnv(task, task.backend(tmp_path))
+    await env.reset(Task(id="broken"))
+    env.backend.workdir = "/proc/1/bad"  # bwrap cannot mount the workspace there
+    with pytest.raises(SandboxError, match=r"^bubblewrap could not start the sandbox: bwrap: "):
+        await env.call_tool("bash", {"command": "echo hi"})
+    await env.close()
+    assert list(tmp_path.iterdir()) == []
