@@ -35,6 +35,7 @@ import shlex
 import shutil
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
@@ -49,7 +50,15 @@ from ._env import Env, Observation, Task, ToolResult, tool
 from .bubblewrap import BubblewrapBackend, BubblewrapSandbox, Mount
 from .sandbox import new_episode_id
 
-__all__ = ["HARBOR_MOUNTS", "DockerfilePlan", "HarborEnv", "HarborTask", "plan_dockerfile"]
+__all__ = [
+    "HARBOR_MOUNTS",
+    "CopyStep",
+    "DockerfilePlan",
+    "HarborEnv",
+    "HarborTask",
+    "RunStep",
+    "plan_dockerfile",
+]
 
 HARBOR_MOUNTS = (
     Mount("logs", "/logs", writable=True),
@@ -99,21 +108,38 @@ class _TaskToml(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class CopyStep:
+    """`COPY`/`ADD` of a file or directory of the build context into the workspace."""
+
+    source: Path
+    dest: str
+    """Relative to the workspace."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunStep:
+    """A `RUN`, with the environment the Dockerfile had set by then."""
+
+    line: int
+    command: str
+    env: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class DockerfilePlan:
     """What building a Dockerfile's workspace in the sandbox takes, in order.
 
     Attributes:
         base: the `FROM` image (read, not pulled: the host's system stands in for it).
         workdir: the workspace's absolute path inside the sandbox.
-        env: variables from `ENV`, seen by `RUN`s, the agent and the tests.
-        steps: ("copy", source path, destination relative to the workspace) and ("run",
-            line number, shell command), in Dockerfile order.
+        env: variables from `ENV` (and `[environment].env`), seen by the agent and the tests.
+        steps: the copies and runs, in Dockerfile order.
     """
 
     base: str
     workdir: str
     env: dict[str, str]
-    steps: list[tuple[str, Any, Any]] = field(default_factory=list)
+    steps: list[CopyStep | RunStep] = field(default_factory=list)
 
 
 def plan_dockerfile(path: Path, *, workdir: str | None = None) -> DockerfilePlan:
@@ -141,7 +167,7 @@ def plan_dockerfile(path: Path, *, workdir: str | None = None) -> DockerfilePlan
         shown = text if len(text) <= 60 else text[:57] + "..."
         return ConfigError(f"{path}:{number}: {shown}: {why}")
 
-    copies_and_runs: list[tuple[str, Any, Any]] = []
+    copies_and_runs: list[tuple[Path, str] | RunStep] = []
     for number, keyword, rest in raw:
         text = f"{keyword} {rest}".strip()
         if keyword == "FROM":
@@ -163,10 +189,7 @@ def plan_dockerfile(path: Path, *, workdir: str | None = None) -> DockerfilePlan
                 raise refuse(number, text, "a second WORKDIR after COPY or RUN is not honoured")
             current = str(target)
         elif keyword in ("COPY", "ADD"):
-            copies_and_runs.extend(
-                ("copy", src, dest)
-                for src, dest in _copies(number, keyword, rest, context, current, refuse, text)
-            )
+            copies_and_runs.extend(_copies(number, keyword, rest, context, current, refuse, text))
         elif keyword == "RUN":
             if rest.startswith("--"):
                 raise refuse(number, text, f"{rest.split()[0]} cannot be honoured")
@@ -174,7 +197,7 @@ def plan_dockerfile(path: Path, *, workdir: str | None = None) -> DockerfilePlan
             needs = _NETWORK_WORDS.search(command)
             if needs:
                 raise refuse(number, text, f"needs the network ({needs[0]}); the sandbox has none")
-            copies_and_runs.append(("run", number, command))
+            copies_and_runs.append(RunStep(number, command, dict(env)))
         elif keyword == "USER":
             if rest.split(":")[0] not in ("root", "0"):
                 raise refuse(number, text, "only root is honoured (commands run as the caller)")
@@ -187,20 +210,20 @@ def plan_dockerfile(path: Path, *, workdir: str | None = None) -> DockerfilePlan
     final = workdir or current
     if final == "/":
         raise ConfigError(f"{path}: no WORKDIR: the workspace needs a directory of its own")
-    steps: list[tuple[str, Any, Any]] = []
-    for kind, a, b in copies_and_runs:
-        if kind == "copy":
-            dest = PurePosixPath(b)
-            try:
-                relative = dest.relative_to(final)
-            except ValueError:
-                raise ConfigError(
-                    f"{path}: COPY to {b} is outside the workspace {final}; only the "
-                    "workspace is honoured"
-                ) from None
-            steps.append(("copy", a, str(relative)))
-        else:
-            steps.append((kind, a, b))
+    steps: list[CopyStep | RunStep] = []
+    for step in copies_and_runs:
+        if isinstance(step, RunStep):
+            steps.append(step)
+            continue
+        source, dest = step
+        try:
+            relative = PurePosixPath(dest).relative_to(final)
+        except ValueError:
+            raise ConfigError(
+                f"{path}: COPY to {dest} is outside the workspace {final}; only the "
+                "workspace is honoured"
+            ) from None
+        steps.append(CopyStep(source, str(relative)))
     return DockerfilePlan(base=base, workdir=final, env=env, steps=steps)
 
 
@@ -257,7 +280,13 @@ def _exec_form(rest: str) -> str | None:
 
 
 def _copies(
-    number: int, keyword: str, rest: str, context: Path, current: str, refuse: Any, text: str
+    number: int,
+    keyword: str,
+    rest: str,
+    context: Path,
+    current: str,
+    refuse: Callable[[int, str, str], ConfigError],
+    text: str,
 ) -> list[tuple[Path, str]]:
     words = _exec_form(rest)
     parts = shlex.split(words if words is not None else rest)
@@ -494,26 +523,27 @@ class HarborEnv(Env):
     async def _build(self, sandbox: BubblewrapSandbox) -> None:
         plan = self.task.plan
         deadline = time.monotonic() + self.task.build_timeout_s
-        for kind, a, b in plan.steps:
-            if kind == "copy":
-                target = sandbox.workdir / b
-                await (_copy_tree(a, target) if a.is_dir() else _copy_file(a, target))
+        for step in plan.steps:
+            if isinstance(step, CopyStep):
+                target = sandbox.workdir / step.dest
+                copy = _copy_tree if step.source.is_dir() else _copy_file
+                await copy(step.source, target)
                 continue
+            where = f"{self.task.path}/environment/Dockerfile:{step.line}: RUN"
             left = deadline - time.monotonic()
             try:
                 result = await sandbox.run(
-                    ["sh", "-c", b], timeout_s=max(left, 0.001), env=plan.env
+                    ["sh", "-c", step.command], timeout_s=max(left, 0.001), env=step.env
                 )
             except SandboxError as err:
                 raise EnvError(
-                    f"{self.task.path}/environment/Dockerfile:{a}: RUN did not finish within "
-                    f"the build timeout ({self.task.build_timeout_s:g}s)"
+                    f"{where} did not finish within the build timeout "
+                    f"({self.task.build_timeout_s:g}s)"
                 ) from err
             if result.exit_code != 0:
                 tail = (result.stderr or result.stdout).strip()[-300:]
                 raise EnvError(
-                    f"{self.task.path}/environment/Dockerfile:{a}: RUN failed in the sandbox "
-                    f"with exit code {result.exit_code}: {tail}"
+                    f"{where} failed in the sandbox with exit code {result.exit_code}: {tail}"
                 )
 
     async def _verify(self, *, agent_timeout: bool) -> ToolResult:

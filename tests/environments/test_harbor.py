@@ -16,7 +16,7 @@ import anyio
 import pytest
 from scripted_policy import POLICY, ScriptedPolicy
 
-from plies import ConfigError, SandboxError, Status
+from plies import ConfigError, EnvError, SandboxError, Status
 from plies.environments import HarborEnv, HarborTask, Task, reap_sandbox
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import SamplingParams
@@ -230,3 +230,25 @@ async def test_a_bubblewrap_failure_is_a_sandbox_error_not_the_commands_output(t
         await env.call_tool("bash", {"command": "echo hi"})
     await env.close()
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_runs_see_the_env_set_before_them_and_a_failing_run_names_its_line(tmp_path):
+    dockerfile = (
+        f'{BASE}RUN echo "[$LATE]" > early.txt\nENV LATE=yes\nRUN echo "[$LATE]" > late.txt\n'
+    )
+    task = HarborTask.load(write_task(tmp_path / "ok", dockerfile))
+    async with HarborEnv(task, task.backend(tmp_path / "sandboxes")) as env:
+        await env.reset(Task(id="ok"))
+        shown = await env.call_tool("bash", {"command": "cat early.txt late.txt; echo $LATE"})
+    assert shown.content == "exit code 0\n[]\n[yes]\nyes\n"
+
+    broken = HarborTask.load(write_task(tmp_path / "broken", f"{BASE}RUN echo no >&2; false\n"))
+    env = HarborEnv(broken, broken.backend(tmp_path / "sandboxes"))
+    with pytest.raises(EnvError) as caught:
+        await env.reset(Task(id="broken"))
+    await env.close()
+    assert str(caught.value) == (
+        f"{tmp_path}/broken/environment/Dockerfile:3: RUN failed in the sandbox with exit "
+        "code 1: no"
+    )
+    assert list((tmp_path / "sandboxes").iterdir()) == []
