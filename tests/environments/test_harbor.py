@@ -252,3 +252,27 @@ async def test_runs_see_the_env_set_before_them_and_a_failing_run_names_its_line
         "code 1: no"
     )
     assert list((tmp_path / "sandboxes").iterdir()) == []
+
+
+async def test_the_tiny_random_model_earns_nothing_and_leaves_nothing(
+    policy_server, tiny_model_dir, tmp_path
+):
+    """Real sampling from `plies serve`: garbage never solves the task; the sandbox goes."""
+    from transformers import AutoTokenizer
+
+    from plies.policy import VLLMClient
+
+    task = HarborTask.load(TASKS / "fix-mean")
+    async with VLLMClient(policy_server.url, policy_server.model) as client:
+        harness = ToolCallingHarness(
+            ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir)),
+            client,
+            SamplingParams(max_tokens=24, temperature=1.0),
+            limits=EpisodeLimits(max_turns=3),
+            correction="Call a tool.",
+        )
+        async with HarborEnv(task, task.backend(tmp_path)) as env:
+            traj = await harness.run(env, Task(id="tiny"))
+    assert traj.status in (Status.TRUNCATED, Status.COMPLETED), traj.error
+    assert traj.reward == 0.0 and len(traj.turns) >= 1
+    assert list(tmp_path.iterdir()) == [] and sandbox_processes(tmp_path) == []
