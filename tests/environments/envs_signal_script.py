@@ -4,7 +4,8 @@
 
 Four episodes at once through `ToolCallingHarness` with a scripted policy: MCP episodes call
 server-memory (a process each) turn after turn; Harbor episodes run a long `bash` command in
-their bubblewrap sandbox. Events go to stdout as JSON lines: ready, group, stats.
+their bubblewrap sandbox. Events go to stdout as JSON lines: ready, turn (each sample),
+group, stats.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ async def main(interrupts, kind: str, run_dir: Path, npm_bin: Path | None) -> No
     tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
 
     async def script(session: str, turn: int, prompt: str):
+        emit("turn", session=session, turn=turn)
         await anyio.sleep(0.2)
         if kind == "mcp":
             return [("read_graph", {})]

@@ -45,9 +45,15 @@ def one_run(kind: str, run_dir: Path, npm_bin: Path, interrupts: int) -> None:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        first = json.loads(proc.stdout.readline())
-        assert first == {"event": "ready"}, first
-        time.sleep(2.0)  # every episode is in a tool call or a turn by now
+        seen: list[dict] = []
+        sessions: set[str] = set()
+        while len(sessions) < 4:  # every episode has its env and is sampling
+            line = proc.stdout.readline()
+            assert line, f"the script ended early: {seen}"
+            seen.append(json.loads(line))
+            if seen[-1]["event"] == "turn":
+                sessions.add(seen[-1]["session"])
+        time.sleep(0.5)  # the Harbor episodes are in their long command by now
         for _ in range(interrupts):
             proc.send_signal(signal.SIGINT)
             time.sleep(0.5)
@@ -59,7 +65,7 @@ def one_run(kind: str, run_dir: Path, npm_bin: Path, interrupts: int) -> None:
     context = f"{kind} x{interrupts}\n{err}"
     assert proc.returncode == 130, context
     assert "Traceback" not in err, context
-    events = [json.loads(line) for line in out.splitlines()]
+    events = seen + [json.loads(line) for line in out.splitlines()]
     [stats] = [e for e in events if e["event"] == "stats"]
     assert stats["live"] == 0, context
     assert stats["borrowed"] == stats["released"] + stats["quarantined"] == 4, context
