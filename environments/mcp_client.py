@@ -38,6 +38,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -544,13 +545,24 @@ def _leader(mark: str) -> int:
     raise EnvError("the MCP server process exited during initialization")
 
 
-def _kill_marked(mark: str) -> int:
-    killed = 0
-    for pid in marked_processes(mark):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-    return killed
+def _kill_marked(mark: str, wait_s: float = 2.0) -> int:
+    """SIGKILL every process carrying `mark` and wait until none is left; how many there were.
+
+    Blocking (it runs in a worker thread): a killed process lingers until the kernel has torn
+    it down, and the session is only over once nothing of it is left.
+    """
+    killed: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while pids := marked_processes(mark):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        if time.monotonic() > deadline:
+            log.warning("processes of MCP session %s outlived SIGKILL: %s", mark, pids)
+            break
+        time.sleep(0.01)
+    return len(killed)
 
 
 def _describe(err: BaseException) -> str:

@@ -43,6 +43,7 @@ def blackjack_server() -> Iterator[dict[str, Any]]:
 NPM_MCP_SERVERS = (
     "@modelcontextprotocol/server-memory@2026.8.31",
     "@modelcontextprotocol/server-everything@2026.8.31",
+    "@modelcontextprotocol/server-filesystem@2026.8.31",
 )
 """Third-party MCP servers from npm, pinned; installed once per machine into the plies cache."""
 
@@ -58,7 +59,7 @@ def npm_bin() -> Path:
 
     digest = hashlib.sha256(" ".join(NPM_MCP_SERVERS).encode()).hexdigest()[:12]
     root = kit_dir().parent.parent / f"npm-mcp-{digest}"
-    if not (root / "node_modules" / ".bin" / "mcp-server-memory").exists():
+    if not (root / "node_modules" / ".bin" / "mcp-server-filesystem").exists():
         npm = shutil.which("npm")
         assert npm is not None, "npm is needed for the MCP server tests (Debian's nodejs, npm)"
         root.parent.mkdir(parents=True, exist_ok=True)

@@ -266,3 +266,54 @@ async def test_what_a_server_leaves_behind_is_killed_when_its_episode_ends():
             assert len(marked_processes()) == 2
         assert host.statistics().stragglers_killed == 1
         assert marked_processes() == []
+
+
+async def test_file_and_git_servers_work_in_the_episodes_own_directory(qwen3_tokenizer, npm_bin):
+    """npm's server-filesystem and PyPI's mcp-server-git, each confined to its episode."""
+    files = McpServer.stdio([str(npm_bin / "mcp-server-filesystem"), "{episode_dir}"])
+
+    async def write_then_read(session: str, turn: int, prompt: str):
+        me = re.search(r"Write a note for (\w+)\.", prompt)[1]
+        if turn == 0:
+            return [("list_allowed_directories", {})]
+        note = re.findall(r"(/\S*plies-mcp-\w+)", prompt)[-1] + "/note.txt"
+        if turn == 1:
+            return [("write_file", {"path": note, "content": me})]
+        if turn == 2:
+            return [
+                ("read_text_file", {"path": note}),
+                ("read_text_file", {"path": "/etc/hostname"}),
+            ]
+        return [("submit", {"answer": "done"})]
+
+    async def file_holds_the_episode(env: McpEnv, answer: str) -> float:
+        text = (env.session.directory / "note.txt").read_text()
+        return 1.0 if text == env.task.id else 0.0
+
+    async with McpHost(files) as host:
+        tasks = [Task(id=f"f{i}", data={"prompt": f"Write a note for f{i}."}) for i in range(2)]
+        trajs, _ = await drive(
+            host, harness(qwen3_tokenizer, write_then_read), tasks, file_holds_the_episode
+        )
+    for task_id, traj in trajs.items():
+        assert traj.status is Status.COMPLETED and traj.reward == 1.0, (traj.error, traj.info)
+        listed, wrote, read, outside = tool_messages(traj)[:4]
+        assert "plies-mcp-" in listed and "Successfully wrote" in wrote
+        assert read == task_id, "each episode reads what it wrote, in its own directory"
+        assert "denied" in outside.lower(), outside
+    assert marked_processes() == []
+
+    async def status_of_nowhere(session: str, turn: int, prompt: str):
+        if turn == 0:
+            return [("git_status", {"repo_path": "/nowhere"})]
+        return [("submit", {"answer": "ok"})]
+
+    git = McpServer.stdio([str(BIN / "mcp-server-git")])
+    async with McpHost(git) as host:
+        task = Task(id="g", data={"prompt": "Git."})
+        trajs, _ = await drive(host, harness(qwen3_tokenizer, status_of_nowhere), [task])
+    [traj] = trajs.values()
+    names = {t["function"]["name"] for t in traj.info["tools"]}
+    assert {"git_status", "git_diff", "git_commit", "submit"} <= names
+    assert traj.metrics["tool_errors"] == 1.0 and traj.status is Status.COMPLETED
+    assert marked_processes() == []
