@@ -9,7 +9,13 @@
   `SandboxBackend`: `LocalProcessBackend` or `E2BBackend`; `reap_sandbox` kills one by id and
   `sandbox_reapers()` hands `plies reap` a reaper per sandbox kind.
 
-The `openenv` and `e2b` packages are imported only when an env first needs them.
+- `HarborTask`, `HarborEnv`: a Harbor task directory as an env, each episode in a
+  `BubblewrapBackend` sandbox that gives the task its absolute paths and no network.
+- `McpHost`, `McpServer`, `McpEnv`: an MCP server's tools as an env, one session (and, for a
+  stateful stdio server, one process) per episode; `marked_processes` finds any left.
+- `EnvMcpServer`: the reverse: an env's tools served over MCP for one episode.
+
+The `openenv`, `e2b` and `mcp` packages are imported only when an env first needs them.
 """
 
 from plies import ToolError as ToolError
@@ -22,7 +28,15 @@ from ._env import Tool as Tool
 from ._env import ToolResult as ToolResult
 from ._env import tool as tool
 from .blackjack import BlackjackEnv as BlackjackEnv
+from .bubblewrap import BubblewrapBackend as BubblewrapBackend
 from .e2b_backend import E2BBackend as E2BBackend
+from .harbor import HarborEnv as HarborEnv
+from .harbor import HarborTask as HarborTask
+from .mcp_client import McpEnv as McpEnv
+from .mcp_client import McpHost as McpHost
+from .mcp_client import McpServer as McpServer
+from .mcp_client import marked_processes as marked_processes
+from .mcp_server import EnvMcpServer as EnvMcpServer
 from .openenv_client import OpenEnvEndpoint as OpenEnvEndpoint
 from .openenv_client import OpenEnvEnv as OpenEnvEnv
 from .sandbox import CommandResult as CommandResult
@@ -35,10 +49,17 @@ from .sandboxed import SandboxedBlackjackEnv as SandboxedBlackjackEnv
 
 __all__ = [
     "BlackjackEnv",
+    "BubblewrapBackend",
     "CommandResult",
     "E2BBackend",
     "Env",
+    "EnvMcpServer",
+    "HarborEnv",
+    "HarborTask",
     "LocalProcessBackend",
+    "McpEnv",
+    "McpHost",
+    "McpServer",
     "Observation",
     "OpenEnvEndpoint",
     "OpenEnvEnv",
@@ -50,6 +71,7 @@ __all__ = [
     "Tool",
     "ToolError",
     "ToolResult",
+    "marked_processes",
     "reap_sandbox",
     "sandbox_reapers",
     "tool",

@@ -160,6 +160,10 @@ class LocalProcessBackend:
         except OSError as err:
             raise SandboxError(f"could not make a sandbox under {self.root}: {err}") from err
         base_env = {k: os.environ[k] for k in self.env_allow if k in os.environ}
+        return self._sandbox(path, base_env)
+
+    def _sandbox(self, path: Path, base_env: Mapping[str, str]) -> LocalSandbox:
+        """The sandbox object for a directory just made (a subclass may wrap its commands)."""
         return LocalSandbox(path, base_env)
 
     async def kill(self, sandbox_id: str) -> bool:
@@ -194,11 +198,12 @@ class LocalSandbox:
         self._check_alive()
         if not argv:
             raise ConfigError("run needs a command")
+        merged = {**self._env, **(env or {})}
         try:
             process = await anyio.open_process(
-                list(argv),
+                self._command(list(argv), merged),
                 cwd=self._work,
-                env={**self._env, **(env or {})},
+                env=merged,
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
             )
@@ -223,6 +228,10 @@ class LocalSandbox:
                         await process.wait()
                 await process.aclose()
             self._running.discard(process.pid)
+
+    def _command(self, argv: list[str], env: Mapping[str, str]) -> list[str]:
+        """The host command that runs `argv` in this sandbox (a wrapper may enclose it)."""
+        return argv
 
     async def read_file(self, path: str) -> bytes:
         self._check_alive()
@@ -331,9 +340,10 @@ def _kill_local(sandbox_id: str) -> bool:
     return True
 
 
-SANDBOX_KINDS = (LocalProcessBackend.kind, "e2b")
-"""Every sandbox kind `reap_sandbox` can kill ("e2b" is `E2BBackend.kind`, spelled out so
-that its module, which imports this one, loads only when an E2B sandbox is reaped)."""
+SANDBOX_KINDS = (LocalProcessBackend.kind, "bwrap-sandbox", "e2b")
+"""Every sandbox kind `reap_sandbox` can kill ("bwrap-sandbox" is `BubblewrapBackend.kind` and
+"e2b" `E2BBackend.kind`, spelled out so that their modules, which import this one, load only
+when such a sandbox is made)."""
 
 
 async def reap_sandbox(kind: str, sandbox_id: str) -> bool:
@@ -342,7 +352,7 @@ async def reap_sandbox(kind: str, sandbox_id: str) -> bool:
     E2B sandboxes are killed with the API key and domain from the environment
     (`E2B_API_KEY`, `E2B_DOMAIN`). Returns False if it was already gone.
     """
-    if kind == LocalProcessBackend.kind:
+    if kind in (LocalProcessBackend.kind, "bwrap-sandbox"):  # both are marked directories
         return await LocalProcessBackend().kill(sandbox_id)
     if kind == "e2b":
         from .e2b_backend import E2BBackend

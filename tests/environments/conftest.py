@@ -38,3 +38,39 @@ def blackjack_server() -> Iterator[dict[str, Any]]:
     """A Blackjack OpenEnv server that allows 2 concurrent sessions."""
     with serve_blackjack(max_sessions=2) as server:
         yield server
+
+
+NPM_MCP_SERVERS = (
+    "@modelcontextprotocol/server-memory@2026.8.31",
+    "@modelcontextprotocol/server-everything@2026.8.31",
+    "@modelcontextprotocol/server-filesystem@2026.8.31",
+)
+"""Third-party MCP servers from npm, pinned; installed once per machine into the plies cache."""
+
+
+@pytest.fixture(scope="session")
+def npm_bin() -> Path:
+    """`node_modules/.bin` holding the pinned npm MCP servers (`npm install` on first use)."""
+    import hashlib
+    import shutil
+    import subprocess
+
+    from plies.testing import kit_dir
+
+    digest = hashlib.sha256(" ".join(NPM_MCP_SERVERS).encode()).hexdigest()[:12]
+    root = kit_dir().parent.parent / f"npm-mcp-{digest}"
+    if not (root / "node_modules" / ".bin" / "mcp-server-filesystem").exists():
+        npm = shutil.which("npm")
+        assert npm is not None, "npm is needed for the MCP server tests (Debian's nodejs, npm)"
+        root.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".npm-mcp-", dir=root.parent))
+        subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--prefix", str(staging),
+             *NPM_MCP_SERVERS],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+        try:
+            staging.rename(root)
+        except OSError:  # another run published it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return root / "node_modules" / ".bin"

@@ -21,7 +21,7 @@ def test_all_is_sorted_and_complete():
 def test_importing_does_not_load_openenv_or_e2b():
     code = (
         "import sys, plies.environments\n"
-        "print(sorted(m for m in ('openenv', 'e2b', 'gradio') if m in sys.modules))"
+        "print(sorted(m for m in ('openenv', 'e2b', 'gradio', 'mcp') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,0 +1,385 @@
+"""Harbor task directories as plies envs, run in a bubblewrap sandbox per episode.
+
+A Harbor task is a directory: `task.toml` (timeouts, resources), `instruction.md` (the task),
+`environment/Dockerfile` (the workspace), `tests/test.sh` (writes `/logs/verifier/reward.txt`
+or `reward.json`), and optionally `solution/solve.sh` (a reference solution).
+
+- `HarborTask.load(path)`: reads the task with `tomllib` (Harbor itself needs Python 3.12; a CI
+  tier checks that Harbor's own loader accepts the tasks plies ships) and plans its Dockerfile.
+  An instruction the sandbox cannot honour is refused here, in one line naming the file, the
+  line and the instruction, before any episode starts.
+- `HarborEnv`: one episode. The instruction is the user's message; the workspace is built in
+  a fresh `BubblewrapBackend` sandbox from the Dockerfile (its `COPY`s, `ENV`s and `RUN`s, with
+  the build timeout), at its `WORKDIR` (or `[environment].workdir`), with `/logs` writable and
+  no network. Tools: `bash` (a command in the workspace, bounded by what is left of the agent
+  timeout) and `submit`, which runs `tests/test.sh` (copied to `/tests` only then, with the
+  verifier timeout) and ends the episode with the reward it wrote. When the agent's time is
+  up, the next call verifies and ends the episode instead. `oracle()` runs
+  `solution/solve.sh` (at `/solution`) and verifies, as Harbor's oracle agent does.
+
+What the sandbox makes of a Dockerfile is `plies.environments.dockerfile`'s: the host's system
+stands in for the base image; `WORKDIR`, `ENV`, local copies and `RUN`s are honoured; what
+cannot be is refused when the task loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from plies import ConfigError, EnvError, SandboxError
+from plies.runtime import RemoteRef
+
+from ._env import Env, Observation, Task, ToolResult, tool
+from .bubblewrap import BubblewrapBackend, BubblewrapSandbox, Mount
+from .dockerfile import CopyStep, DockerfilePlan, plan_dockerfile
+from .sandbox import new_episode_id
+
+__all__ = ["HARBOR_MOUNTS", "HarborEnv", "HarborTask"]
+
+HARBOR_MOUNTS = (
+    Mount("logs", "/logs", writable=True),
+    Mount("tests", "/tests"),
+    Mount("solution", "/solution"),
+)
+"""The absolute paths a Harbor task's scripts use besides the workspace."""
+
+MAX_OUTPUT_CHARS = 8000
+"""What a `bash` call shows the model of its output: the head and the tail beyond this."""
+
+
+class _Timeouts(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    timeout_sec: Annotated[float, Field(gt=0)] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    user: str | int | None = None
+
+
+class _Environment(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    build_timeout_sec: Annotated[float, Field(gt=0)] = 600.0
+    docker_image: str | None = None
+    workdir: str | None = None
+    os: str = "linux"
+    gpus: int | None = None
+    mcp_servers: list[Any] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class _TaskToml(BaseModel):
+    """The parts of Harbor's `task.toml` an episode depends on; other keys are Harbor's own."""
+
+    model_config = ConfigDict(extra="ignore")
+    agent: _Timeouts = Field(default_factory=_Timeouts)
+    verifier: _Timeouts = Field(default_factory=_Timeouts)
+    solution: _Timeouts = Field(default_factory=_Timeouts)
+    environment: _Environment = Field(default_factory=_Environment)
+    steps: list[Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HarborTask:
+    """A Harbor task directory, read and planned.
+
+    Attributes:
+        path: the task directory.
+        name: its directory name.
+        instruction: `instruction.md`.
+        plan: the workspace's `DockerfilePlan`.
+        agent_timeout_s: `[agent].timeout_sec` (None: no limit).
+        verifier_timeout_s: `[verifier].timeout_sec` (Harbor's default, 600 s, when unset).
+        build_timeout_s: `[environment].build_timeout_sec`.
+        verifier_env: `[verifier].env`; `solution_env`: `[solution].env`.
+    """
+
+    path: Path
+    name: str
+    instruction: str
+    plan: DockerfilePlan
+    agent_timeout_s: float | None
+    verifier_timeout_s: float
+    build_timeout_s: float
+    verifier_env: dict[str, str]
+    solution_env: dict[str, str]
+
+    @classmethod
+    def load(cls, path: Path | str) -> HarborTask:
+        """Read a task directory; refuse what a bubblewrap episode cannot honour, in one line.
+
+        Raises:
+            ConfigError: a file is missing or malformed, or the task needs what the sandbox
+                does not give (a prebuilt image, Windows, GPUs, MCP servers, steps, an
+                instruction of its Dockerfile).
+        """
+        root = Path(path).resolve()
+        toml_path = root / "task.toml"
+        try:
+            raw = tomllib.loads(toml_path.read_text())
+            config = _TaskToml.model_validate(raw)
+        except OSError as err:
+            raise ConfigError(f"{toml_path}: cannot read: {err}") from err
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{toml_path}: not TOML: {err}") from err
+        except ValidationError as err:
+            first = err.errors(include_url=False)[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ConfigError(f"{toml_path}: {where}: {first['msg']}") from None
+        environment = config.environment
+        unsupported = [
+            (config.steps, "multi-step tasks ([[steps]])"),
+            (environment.docker_image, "a prebuilt docker_image"),
+            (environment.os.lower() != "linux", f"os = {environment.os!r}"),
+            (environment.gpus, "GPUs"),
+            (environment.mcp_servers, "[[environment.mcp_servers]]"),
+        ]
+        for present, what in unsupported:
+            if present:
+                raise ConfigError(f"{toml_path}: {what} cannot be honoured by the local sandbox")
+        for name in ("instruction.md", "environment/Dockerfile", "tests/test.sh"):
+            if not (root / name).is_file():
+                raise ConfigError(f"{root}: a Harbor task needs {name}")
+        plan = plan_dockerfile(root / "environment" / "Dockerfile", workdir=environment.workdir)
+        plan.env.update(environment.env)
+        return cls(
+            path=root,
+            name=root.name,
+            instruction=(root / "instruction.md").read_text().strip(),
+            plan=plan,
+            agent_timeout_s=config.agent.timeout_sec,
+            verifier_timeout_s=config.verifier.timeout_sec or 600.0,
+            build_timeout_s=environment.build_timeout_sec,
+            verifier_env=dict(config.verifier.env),
+            solution_env=dict(config.solution.env),
+        )
+
+    @property
+    def has_solution(self) -> bool:
+        return (self.path / "solution" / "solve.sh").is_file()
+
+    def backend(self, root: Path | None = None) -> BubblewrapBackend:
+        """A bubblewrap backend with this task's workspace path and Harbor's mounts."""
+        return BubblewrapBackend(workdir=self.plan.workdir, mounts=HARBOR_MOUNTS, root=root)
+
+
+class HarborEnv(Env):
+    """One episode of a Harbor task in its own bubblewrap sandbox.
+
+    Args:
+        task: the loaded task.
+        backend: makes the sandbox; `task.backend()` by default.
+        run_id: names the run in the sandbox's label.
+        command_timeout_s: the most one `bash` call may take (less when the agent's time is
+            nearly up).
+        system_prompt: an optional system message before the instruction.
+
+    Example:
+        ```python
+        task = HarborTask.load("examples/harbor/fix-mean")
+        async with HarborEnv(task) as env:
+            obs = await env.reset(Task(id=task.name))
+            await env.call_tool("bash", {"command": "python3 -m unittest"})
+            result = await env.call_tool("submit", {})  # result.reward: what test.sh wrote
+        ```
+    """
+
+    def __init__(
+        self,
+        task: HarborTask,
+        backend: BubblewrapBackend | None = None,
+        *,
+        run_id: str = "harbor",
+        command_timeout_s: float = 120.0,
+        system_prompt: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.task = task
+        self.backend = backend if backend is not None else task.backend()
+        self.run_id = run_id
+        self.command_timeout_s = command_timeout_s
+        self.system_prompt = system_prompt
+        self.sandbox: BubblewrapSandbox | None = None
+        self._agent_deadline: float | None = None
+
+    def remote_refs(self) -> list[RemoteRef]:
+        if self.sandbox is None:
+            return []
+        detail = {"run_id": self.run_id, "task": self.task.name}
+        return [RemoteRef(kind=self.sandbox.kind, id=self.sandbox.id, detail=detail)]
+
+    async def setup(self, task: Task) -> Observation:
+        with anyio.CancelScope(shield=True):  # a sandbox made is a sandbox teardown must know
+            sandbox = await self.backend.create(
+                run_id=self.run_id, episode_id=new_episode_id(task.id)
+            )
+        assert isinstance(sandbox, BubblewrapSandbox)
+        self.sandbox = sandbox
+        await self._build(sandbox)
+        if self.task.agent_timeout_s is not None:
+            self._agent_deadline = time.monotonic() + self.task.agent_timeout_s
+        messages = [{"role": "user", "content": self.task.instruction}]
+        if self.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        info = {"harbor_task": self.task.name, "workdir": self.task.plan.workdir}
+        return Observation(messages=messages, info=info)
+
+    async def teardown(self) -> None:
+        sandbox = self.sandbox
+        if sandbox is not None:
+            await sandbox.kill()
+            self.sandbox = None
+
+    @tool
+    async def bash(
+        self, command: Annotated[str, Field(description="A bash command, run in the workspace.")]
+    ) -> ToolResult:
+        """Run a bash command in the task's workspace and see its exit code and output."""
+        left = self._time_left()
+        if left is not None and left <= 0:
+            return await self._verify(agent_timeout=True)
+        limit = self.command_timeout_s if left is None else min(self.command_timeout_s, left)
+        try:
+            result = await self._sandbox().run(
+                ["bash", "-c", command], timeout_s=limit, env=self.task.plan.env
+            )
+        except SandboxError as err:
+            if "did not finish" not in str(err):
+                raise
+            return ToolResult(content=f"The command timed out after {limit:.0f}s and was killed.")
+        text = f"exit code {result.exit_code}\n{result.stdout}{result.stderr}"
+        return ToolResult(content=_clip(text), info={"exit_code": result.exit_code})
+
+    @tool
+    async def submit(self) -> ToolResult:
+        """Say that the task is done: its tests then run, and the episode ends."""
+        return await self._verify(agent_timeout=False)
+
+    async def oracle(self) -> ToolResult:
+        """Run `solution/solve.sh` at `/solution` (agent timeout), then verify; ends the episode.
+
+        Raises:
+            ConfigError: the task has no solution.
+        """
+        if not self.task.has_solution:
+            raise ConfigError(f"task {self.task.name} has no solution/solve.sh")
+        sandbox = self._sandbox()
+        await _copy_tree(self.task.path / "solution", sandbox.host_path("solution"))
+        limit = self.task.agent_timeout_s or self.command_timeout_s
+        env = {**self.task.plan.env, **self.task.solution_env}
+        result = await sandbox.run(["bash", "/solution/solve.sh"], timeout_s=limit, env=env)
+        verified = await self._verify(agent_timeout=False)
+        info = {**verified.info, "solve_exit_code": result.exit_code}
+        return verified.model_copy(update={"info": info})
+
+    def _time_left(self) -> float | None:
+        if self._agent_deadline is None:
+            return None
+        return self._agent_deadline - time.monotonic()
+
+    def _sandbox(self) -> BubblewrapSandbox:
+        if self.sandbox is None:
+            raise EnvError(f"the sandbox of task {self.task.name} is gone")
+        return self.sandbox
+
+    async def _build(self, sandbox: BubblewrapSandbox) -> None:
+        plan = self.task.plan
+        deadline = time.monotonic() + self.task.build_timeout_s
+        for step in plan.steps:
+            if isinstance(step, CopyStep):
+                target = sandbox.workdir / step.dest
+                copy = _copy_tree if step.source.is_dir() else _copy_file
+                await copy(step.source, target)
+                continue
+            where = f"{self.task.path}/environment/Dockerfile:{step.line}: RUN"
+            left = deadline - time.monotonic()
+            try:
+                result = await sandbox.run(
+                    ["sh", "-c", step.command], timeout_s=max(left, 0.001), env=step.env
+                )
+            except SandboxError as err:
+                raise EnvError(
+                    f"{where} did not finish within the build timeout "
+                    f"({self.task.build_timeout_s:g}s)"
+                ) from err
+            if result.exit_code != 0:
+                tail = (result.stderr or result.stdout).strip()[-300:]
+                raise EnvError(
+                    f"{where} failed in the sandbox with exit code {result.exit_code}: {tail}"
+                )
+
+    async def _verify(self, *, agent_timeout: bool) -> ToolResult:
+        sandbox = self._sandbox()
+        verifier = sandbox.host_path("logs") / "verifier"
+        await anyio.to_thread.run_sync(lambda: shutil.rmtree(verifier, ignore_errors=True))
+        await anyio.Path(verifier).mkdir(parents=True)
+        await _copy_tree(self.task.path / "tests", sandbox.host_path("tests"))
+        env = {**self.task.plan.env, **self.task.verifier_env}
+        try:
+            result = await sandbox.run(
+                ["bash", "/tests/test.sh"], timeout_s=self.task.verifier_timeout_s, env=env
+            )
+        except SandboxError as err:
+            raise EnvError(
+                f"the tests of {self.task.name} did not finish in "
+                f"{self.task.verifier_timeout_s:g}s: the reward is unknown"
+            ) from err
+        rewards = await anyio.to_thread.run_sync(_read_rewards, verifier, self.task.name)
+        reward = float(rewards.get("reward", next(iter(rewards.values()))))
+        info = {"rewards": rewards, "test_exit_code": result.exit_code}
+        if agent_timeout:
+            info["agent_timeout"] = True
+        text = "The tests ran." if not agent_timeout else "Time is up; the tests ran."
+        return ToolResult(content=text, reward=reward, done=True, info=info)
+
+
+def _read_rewards(verifier: Path, name: str) -> dict[str, float]:
+    """Harbor's rules: reward.txt holds one number; else reward.json a number per key."""
+    text_path, json_path = verifier / "reward.txt", verifier / "reward.json"
+    try:
+        if text_path.is_file():
+            rewards: Any = {"reward": float(text_path.read_text())}
+        elif json_path.is_file():
+            rewards = json.loads(json_path.read_text())
+            rewards = rewards if isinstance(rewards, dict) else {"reward": rewards}
+        else:
+            raise EnvError(f"the tests of {name} wrote no reward.txt or reward.json")
+        values = {str(k): v for k, v in rewards.items()}
+        if not values or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            for v in values.values()
+        ):
+            raise EnvError(f"the tests of {name} wrote rewards that are not finite numbers")
+        return {k: float(v) for k, v in values.items()}
+    except (OSError, ValueError) as err:
+        raise EnvError(f"the tests of {name} wrote an unreadable reward: {err}") from err
+
+
+def _clip(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - limit} characters cut ...]\n{text[-half:]}"
+
+
+async def _copy_tree(source: Path, target: Path) -> None:
+    def copy() -> None:
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, target, dirs_exist_ok=True, symlinks=True)
+
+    await anyio.to_thread.run_sync(copy)
+
+
+async def _copy_file(source: Path, target: Path) -> None:
+    def copy() -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+    await anyio.to_thread.run_sync(copy)

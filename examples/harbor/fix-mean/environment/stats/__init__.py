@@ -1,0 +1,5 @@
+"""Small statistics helpers."""
+
+from .core import mean, total
+
+__all__ = ["mean", "total"]

@@ -1,0 +1,99 @@
+"""Ctrl-C during MCP and Harbor episodes: nothing leaks, records are whole.
+
+`envs_signal_script.py` plays four episodes at once (MCP: a server-memory process each;
+Harbor: a bubblewrap sandbox each, running a long command). After the signals: exit 130 with
+no traceback, only whole records on disk, a complete quarantine report, and after `plies reap`
+on it no server process and no sandbox left.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from plies.environments import marked_processes
+from plies.runtime import read_groups, read_report
+
+HERE = Path(__file__).parent
+PLIES = str(Path(sys.executable).with_name("plies"))
+
+
+def sandbox_processes(root: Path) -> list[int]:
+    needle = f"PLIES_SANDBOX_ID={root}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if any(v.startswith(needle) for v in environ.split(b"\0")):
+                found.append(int(entry.name))
+    return found
+
+
+def one_run(kind: str, run_dir: Path, npm_bin: Path, interrupts: int) -> None:
+    run_dir.mkdir()
+    argv = [sys.executable, str(HERE / "envs_signal_script.py"), kind, str(run_dir), str(npm_bin)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        seen: list[dict] = []
+        sessions: set[str] = set()
+        while len(sessions) < 4:  # every episode has its env and is sampling
+            line = proc.stdout.readline()
+            assert line, f"the script ended early: {seen}"
+            seen.append(json.loads(line))
+            if seen[-1]["event"] == "turn":
+                sessions.add(seen[-1]["session"])
+        time.sleep(0.5)  # the Harbor episodes are in their long command by now
+        for _ in range(interrupts):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    context = f"{kind} x{interrupts}\n{err}"
+    assert proc.returncode == 130, context
+    assert "Traceback" not in err, context
+    events = seen + [json.loads(line) for line in out.splitlines()]
+    [stats] = [e for e in events if e["event"] == "stats"]
+    assert stats["live"] == 0, context
+    assert stats["borrowed"] == stats["released"] + stats["quarantined"] == 4, context
+    read = read_groups(run_dir / "groups.jsonl")
+    assert read.malformed == [], context
+    assert all(g.complete for g in read.records), context
+    report = read_report(run_dir / "quarantine.json")
+    assert report.complete, context
+    leases = [e for e in report.entries if e.stage == "lease"]
+    assert len(leases) == stats["quarantined"], context
+    if report.may_exist:
+        reap = subprocess.run(
+            [PLIES, "reap", str(run_dir / "quarantine.json")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert reap.returncode == 0 and "failed" not in reap.stdout, reap.stdout + reap.stderr
+    if kind == "harbor":
+        assert sandbox_processes(run_dir / "sandboxes") == [], context
+        assert list((run_dir / "sandboxes").iterdir()) == [], context
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_during_mcp_and_harbor_episodes_leaks_nothing(tmp_path, npm_bin):
+    plans = [("mcp", 3), ("harbor", 2)]  # cancel, and abort; one run of each at once
+    with ThreadPoolExecutor(2) as pool:
+        futures = [
+            pool.submit(one_run, kind, tmp_path / f"{kind}-{n}", npm_bin, n) for kind, n in plans
+        ]
+        for future in futures:
+            future.result()
+    assert marked_processes() == [], "no MCP server process is left"
