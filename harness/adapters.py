@@ -272,6 +272,8 @@ class OpenCode:
             "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
             "OPENCODE_DISABLE_SHARE": "1",
             "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+            # It looks for project configs in every directory above the workspace too.
+            "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
         }
         return AgentLaunch(argv, env, {".config/opencode/opencode.json": json.dumps(config)})
 
@@ -345,9 +347,12 @@ class MiniSweAgent:
 
     Args:
         command: the `mini` executable (in the agents' own virtual environment).
+        config: more `-c KEY=VALUE` settings, e.g. `("environment.timeout=120",)` (its shell
+            commands time out after 30 s by default).
     """
 
     command: str = "mini"
+    config: tuple[str, ...] = ()
     name: ClassVar[str] = "mini-swe-agent"
     package: ClassVar[str] = "mini-swe-agent"
     version: ClassVar[str] = "2.4.6"
@@ -375,6 +380,8 @@ class MiniSweAgent:
             "-c",
             f"model.model_kwargs.api_key={spec.api_key}",
         ]
+        for setting in self.config:
+            argv += ["-c", setting]
         env = {
             "HOME": spec.home,
             "MSWEA_CONFIGURED": "true",

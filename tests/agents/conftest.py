@@ -192,12 +192,16 @@ async def serve_gateway(gateway: Gateway) -> AsyncIterator[CountingServer]:
             http.should_exit = True
 
 
-def require_wire(gateway: Gateway, wire: str) -> None:
-    """Skip unless the gateway serves the agent's wire (Messages and Responses came to the
+def serves(gateway: Gateway, wire: str) -> bool:
+    """Whether the gateway's app has the agent's wire (Messages and Responses came to the
     gateway after Chat Completions)."""
-    path = WIRE_ROUTES[wire]
-    if path not in {getattr(route, "path", "") for route in create_app(gateway).routes}:
-        pytest.skip(f"this gateway does not serve {path} yet")
+    return WIRE_ROUTES[wire] in {getattr(r, "path", "") for r in create_app(gateway).routes}
+
+
+def require_wire(gateway: Gateway, wire: str) -> None:
+    """Skip unless the gateway serves the agent's wire."""
+    if not serves(gateway, wire):
+        pytest.skip(f"this gateway does not serve {WIRE_ROUTES[wire]} yet")
 
 
 @asynccontextmanager

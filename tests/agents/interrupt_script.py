@@ -1,17 +1,20 @@
 """A run that plays agent episodes under plies' Ctrl-C handling; the interrupt test signals it.
 
-    python interrupt_script.py RUN_DIR AGENT
+    python interrupt_script.py RUN_DIR AGENT [AGENT ...]
 
-Two episodes of one group, each an agent CLI whose first tool call is a long `sleep` in its
-workspace (sandboxes under RUN_DIR/sandboxes), through a gateway with a scripted policy.
-Prints one JSON line `{"event": "ready"}` once the gateway is up; groups go to
-RUN_DIR/groups.jsonl, the quarantine report to RUN_DIR/quarantine.json.
+One group of two episodes per agent, all in one driver, each episode an agent CLI whose first
+tool call is a long `sleep` in its workspace (sandboxes under RUN_DIR/sandboxes), through a
+gateway of its own with a scripted policy. Prints one JSON line `{"event": "ready"}` once
+every group is admitted; groups go to RUN_DIR/groups.jsonl, the quarantine report to
+RUN_DIR/quarantine.json.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 
 from conftest import AGENTS, agent_gateway
@@ -19,7 +22,7 @@ from transformers import AutoTokenizer
 
 from plies import testing
 from plies.environments import LocalProcessBackend, Task
-from plies.harness import AgentHarness, WorkspaceEnv
+from plies.harness import AgentHarness, MiniSweAgent, WorkspaceEnv
 from plies.runtime import EnvPool, GroupSpec, JsonlSink, RolloutDriver, RolloutResources, run
 
 SLEEP = "sleep 300"
@@ -35,29 +38,41 @@ SLEEPS = {
 TASK = Task(id="wait", data={"instruction": "Wait five minutes, then say done."})
 
 
-async def main(interrupts, run_dir: Path, agent: str) -> None:
+async def main(interrupts, run_dir: Path, agents: list[str]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(testing.qwen3_tokenizer_dir())
-    name, arguments = SLEEPS[agent]
-    script = [{"tool_calls": [{"name": name, "arguments": arguments}]}, "Done."]
-    policy = testing.ScriptedPolicy(tokenizer, script)
-    adapter = AGENTS[agent]()
     backend = LocalProcessBackend(run_dir / "sandboxes")
-    async with agent_gateway(policy, tokenizer, wire=adapter.wire) as server:
-        harness = AgentHarness(server, adapter, wall_s=600, max_turns=4)
+    harnesses: dict[str, AgentHarness] = {}
+    async with AsyncExitStack() as stack:
+        for agent in agents:
+            name, arguments = SLEEPS[agent]
+            script = [{"tool_calls": [{"name": name, "arguments": arguments}]}, "Done."]
+            policy = testing.ScriptedPolicy(tokenizer, script)
+            adapter = AGENTS[agent]()
+            if isinstance(adapter, MiniSweAgent):  # its shell cuts commands at 30 s
+                adapter = replace(adapter, config=("environment.timeout=600",))
+            server = await stack.enter_async_context(
+                agent_gateway(policy, tokenizer, wire=adapter.wire)
+            )
+            harnesses[agent] = AgentHarness(server, adapter, wall_s=600, max_turns=4)
+
+        async def episode(ctx):
+            return await harnesses[ctx.task.data["agent"]].play(ctx)
 
         async def make_env() -> WorkspaceEnv:
             return WorkspaceEnv(backend, run_id="interrupt")
 
-        pool = EnvPool(make_env, limit=2)
+        pool = EnvPool(make_env, limit=2 * len(agents))
         async with (
-            RolloutResources(
-                policy=harness.policy, pools=[pool], report_path=run_dir / "quarantine.json"
-            ) as resources,
-            RolloutDriver(resources, harness.play, policy=testing.SCRIPTED_POLICY) as driver,
+            RolloutResources(pools=[pool], report_path=run_dir / "quarantine.json") as resources,
+            RolloutDriver(
+                resources, episode, policy=testing.SCRIPTED_POLICY, max_groups_in_flight=None
+            ) as driver,
         ):
             sink = JsonlSink(run_dir / "groups.jsonl").open()
             interrupts.attach(driver)
-            driver.admit_nowait(GroupSpec(task_id=TASK.id, size=2, task=TASK))
+            for agent in agents:
+                task = Task(id=f"wait-{agent}", data={**TASK.data, "agent": agent})
+                driver.admit_nowait(GroupSpec(task_id=task.id, size=2, task=task))
             driver.close_admission()
             print(json.dumps({"event": "ready"}), flush=True)
             try:
@@ -70,5 +85,5 @@ async def main(interrupts, run_dir: Path, agent: str) -> None:
 
 
 if __name__ == "__main__":
-    directory, which = Path(sys.argv[1]), sys.argv[2]
+    directory, which = Path(sys.argv[1]), sys.argv[2:]
     raise SystemExit(run(lambda interrupts: main(interrupts, directory, which)))
