@@ -161,8 +161,6 @@ def test_ctrl_c_during_agent_episodes_leaves_no_process(signals, qwen3_tokenizer
     running = {_sandbox_of(pid) for pid in _in_sandboxes(sandboxes)}
     left = {str(p) for p in sandboxes.iterdir()} if sandboxes.exists() else set()
     assert running <= named and left <= named, (running, left, named, err[-2000:])
-    if signals == 2:  # cancelled episodes settle: their envs are torn down, nothing reported
-        assert not named, err[-2000:]
     if named:
         reap = subprocess.run(
             [str(Path(sys.executable).with_name("plies")), "reap", str(report_path)],
