@@ -3,16 +3,31 @@
 - `ToolCallingHarness`: the built-in loop (render, sample, parse, call tools, append) with
   `EpisodeLimits` and a `StopReason` on every trajectory it settles.
 - `GatewayHarness`: an external agent program (OpenAI client) behind a gateway session.
+- `AgentHarness`: an unmodified agent CLI (Claude Code, Codex, OpenCode, pi, mini-swe-agent,
+  an OpenAI Agents SDK script) in a `WorkspaceEnv`'s sandbox, through a gateway session; an
+  `AgentAdapter` per agent writes its command line, environment and config files.
+- `Harness`: the protocol all three implement (`play(ctx)`), so any harness feeds any driver.
 - `RewardPolicy` (`IllFormedReward`, `TruncationReward`, `UnpaidReward`): what an episode
   that did not end on the env's terms is worth, so every reward a harness settles is finite.
 - `EnvGroup` and `play_groups`: one GRPO group's envs, group rewards and shared cleanup, and
   the short way to play a few groups and get them back ready for `training_groups`.
 """
 
+from .adapters import AgentAdapter as AgentAdapter
+from .adapters import AgentLaunch as AgentLaunch
+from .adapters import AgentsSdk as AgentsSdk
+from .adapters import ClaudeCode as ClaudeCode
+from .adapters import Codex as Codex
+from .adapters import LaunchSpec as LaunchSpec
+from .adapters import MiniSweAgent as MiniSweAgent
+from .adapters import OpenCode as OpenCode
+from .adapters import Pi as Pi
+from .agent import AgentHarness as AgentHarness
 from .gateway import GatewayHarness as GatewayHarness
 from .groups import DEFAULT_GROUP_SIZE as DEFAULT_GROUP_SIZE
 from .groups import EnvGroup as EnvGroup
 from .groups import play_groups as play_groups
+from .protocol import Harness as Harness
 from .rewards import DEFAULT_ILL_FORMED_REWARD as DEFAULT_ILL_FORMED_REWARD
 from .rewards import DEFAULT_REWARDS as DEFAULT_REWARDS
 from .rewards import DEFAULT_UNPAID_REWARD as DEFAULT_UNPAID_REWARD
@@ -23,20 +38,33 @@ from .rewards import UnpaidReward as UnpaidReward
 from .tool_calling import EpisodeLimits as EpisodeLimits
 from .tool_calling import StopReason as StopReason
 from .tool_calling import ToolCallingHarness as ToolCallingHarness
+from .workspace import WorkspaceEnv as WorkspaceEnv
 
 __all__ = [
     "DEFAULT_GROUP_SIZE",
     "DEFAULT_ILL_FORMED_REWARD",
     "DEFAULT_REWARDS",
     "DEFAULT_UNPAID_REWARD",
+    "AgentAdapter",
+    "AgentHarness",
+    "AgentLaunch",
+    "AgentsSdk",
+    "ClaudeCode",
+    "Codex",
     "EnvGroup",
     "EpisodeLimits",
     "GatewayHarness",
+    "Harness",
     "IllFormedReward",
+    "LaunchSpec",
+    "MiniSweAgent",
+    "OpenCode",
+    "Pi",
     "RewardPolicy",
     "StopReason",
     "ToolCallingHarness",
     "TruncationReward",
     "UnpaidReward",
+    "WorkspaceEnv",
     "play_groups",
 ]

@@ -39,7 +39,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from plies import ConfigError, EnvError
 from plies.environments import Env, Task
 from plies.gateway import GatewayServer
-from plies.runtime import Lease
+from plies.runtime import EpisodeContext, Lease, Pool
 from plies.trajectory import Status, Trajectory
 
 from .rewards import DEFAULT_REWARDS, RewardPolicy
@@ -96,6 +96,25 @@ class GatewayHarness:
         self.wall_s = wall_s
         self.kill_timeout = kill_timeout
         self.rewards = rewards
+
+    @property
+    def policy(self) -> Any:
+        """The gateway's sampler: every turn of the agent is sampled by it."""
+        return self.server.gateway.sampler
+
+    async def play(self, ctx: EpisodeContext, *, pool: Pool[Any] | str = "env") -> Trajectory:
+        """A `RolloutDriver` episode: borrow an env from `pool`, play `ctx.task` on it.
+
+        Raises:
+            ConfigError: `ctx.task` is not a `Task`.
+        """
+        if not isinstance(ctx.task, Task):
+            raise ConfigError(
+                f"GatewayHarness.play needs GroupSpec.task to be a Task, got "
+                f"{type(ctx.task).__name__}"
+            )
+        async with ctx.borrow(pool) as lease:
+            return await self.run(lease.resource, ctx.task, group_id=ctx.group_id, lease=lease)
 
     async def run(
         self, env: Env, task: Task, *, group_id: str = "", lease: Lease[Any] | None = None

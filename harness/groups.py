@@ -8,7 +8,7 @@ plies form of tinker-cookbook's `EnvGroupBuilder`, with one env made per borrow 
 member's env is torn down, or quarantined, through the runtime like any other lease.
 
 `play_groups` is the short way from an env to trainable groups: it opens the resources
-scope, gives each group its own pool, runs every member through a `ToolCallingHarness`, adds
+scope, gives each group its own pool, runs every member through a `Harness`, adds
 the group rewards, runs the cleanup and returns the groups, ready for `training_groups`. A
 long run that trains while it samples uses `RolloutDriver` directly, as the Blackjack recipe
 does.
@@ -39,7 +39,7 @@ from plies.runtime import (
 )
 from plies.trajectory import Group, PolicyRef, Status, Trajectory
 
-from .tool_calling import ToolCallingHarness
+from .protocol import Harness
 
 __all__ = ["DEFAULT_CLEANUP_TIMEOUT_S", "DEFAULT_GROUP_SIZE", "EnvGroup", "play_groups"]
 
@@ -136,7 +136,7 @@ class EnvGroup:
 
 
 async def play_groups(
-    harness: ToolCallingHarness,
+    harness: Harness,
     groups: Iterable[EnvGroup],
     *,
     policy: PolicyRef,
@@ -153,7 +153,8 @@ async def play_groups(
     written to `sink`.
 
     Args:
-        harness: plays each member; its policy client samples every turn.
+        harness: plays each member (any `Harness`: the built-in loop, or an agent program
+            behind a gateway); its policy client samples every turn.
         groups: the groups to play.
         policy: the policy every turn is sampled from (a published `PolicyRef`).
         sink: where each scored group is written (fsynced) once complete.

@@ -1,17 +1,20 @@
-"""`create_app`: the gateway's HTTP face, an ASGI app speaking OpenAI's chat wire format.
+"""`create_app`: the gateway's HTTP face, an ASGI app speaking three model wire formats.
 
-The chat endpoint does its work inside the response object rather than before it, because
-a turn may only be recorded once its reply went out: one task holds the session, samples,
-sends, and then commits. A watcher beside it listens for the client leaving; a client that
-leaves before the reply is sent cancels the sampling request, and nothing is recorded.
+OpenAI Chat Completions, OpenAI Responses and Anthropic Messages are translated into one
+internal request (`ChatCompletionRequest`) over the same sessions, and the reply is written
+back by the request's `Dialect`. Each endpoint does its work inside the response object
+rather than before it, because a turn may only be recorded once its reply went out: one task
+holds the session, samples, sends, and then commits. A watcher beside it listens for the
+client leaving; a client that leaves before the reply is sent cancels the sampling request,
+and nothing is recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
-import time
 import uuid
 from typing import Any, TypeVar
 
@@ -23,22 +26,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from .._exceptions import (
-    GatewayRequestError,
-    GatewaySessionError,
-    PliesError,
-    PolicyError,
-    PolicyOutcomeUnknown,
-    PolicyResponseError,
-    PolicyUnavailable,
-    TokenizationError,
-)
+from .._exceptions import GatewayRequestError, GatewaySessionError, PliesError
 from ..trajectory import Status
+from ._anthropic import AnthropicDialect
+from ._chat import ChatDialect, Dialect
+from ._errors import HTTPError, validation_error
 from ._gateway import Gateway
-from ._schemas import ChatCompletionRequest, ErrorType, chunk, completion, error_body
+from ._responses import ResponsesDialect
+from ._schemas import ChatCompletionRequest
 from ._session import PreparedTurn, Session
 
-__all__ = ["create_app"]
+__all__ = ["DEFAULT_KEEPALIVE_S", "MAX_BODY_BYTES", "create_app"]
 
 log = logging.getLogger("plies.gateway")
 
@@ -46,38 +44,77 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 MAX_BODY_BYTES = 8 << 20
-"""The largest request body: a whole agent transcript is far smaller (32k tokens of text is
-about 128 KiB); past it a client could make the gateway buffer without bound."""
+"""The largest request body: a whole agent transcript is far smaller (Claude Code's first
+request is about 78 KB, Codex's 41 KB); past it a client could make the gateway buffer
+without bound."""
+DEFAULT_KEEPALIVE_S = 5.0
+"""Seconds between keepalive events of a stream whose completion is still sampling: well
+inside Codex's 300 s stream idle timeout and the 10 s agents are promised."""
 
 
-def create_app(gateway: Gateway, *, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+def create_app(
+    gateway: Gateway,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    keepalive_s: float = DEFAULT_KEEPALIVE_S,
+) -> Starlette:
     """The ASGI app for `gateway`; mount it on your own server or run `GatewayServer`.
 
-    Routes: `POST /v1/chat/completions`, `GET /v1/models` (bearer: a session key),
-    `POST /v1/sessions`, `POST /v1/sessions/{key}/finish`, `DELETE /v1/sessions/{key}`
-    (bearer: the gateway's admin token), and `GET /health`. A body over `max_body_bytes`
-    is refused with 413 before it is read whole.
+    Routes: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages` (with
+    or without `?beta=true`), `POST /v1/messages/count_tokens`, `GET /v1/models` (a session
+    key as the bearer token or `x-api-key`), `POST /v1/sessions`, `POST
+    /v1/sessions/{key}/finish`, `DELETE /v1/sessions/{key}` (the gateway's admin token),
+    `GET /health`, and `GET`/`HEAD` on `/` and `/v1` for agents' reachability probes. A body
+    over `max_body_bytes` is refused with 413 before it is read whole.
     """
 
     async def _json(request: Request, *, empty_ok: bool = False) -> Any:
         return await _read_json(request, max_body_bytes, empty_ok=empty_ok)
 
+    async def _turn(request: Request, dialect_type: type[Dialect]) -> Response:
+        key = _session_key(request)
+        gateway.session(key)
+        dialect = dialect_type(gateway)
+        chat = dialect.translate(await _json(request), gateway.session(key))
+        return _TurnResponse(gateway, key, chat, dialect, keepalive_s)
+
     async def chat_completions(request: Request) -> Response:
-        key = _bearer(request)
+        return await _turn(request, ChatDialect)
+
+    async def responses(request: Request) -> Response:
+        return await _turn(request, ResponsesDialect)
+
+    async def messages(request: Request) -> Response:
+        return await _turn(request, AnthropicDialect)
+
+    async def count_tokens(request: Request) -> Response:
+        key = _session_key(request)
         gateway.session(key)
         body = await _json(request)
-        try:
-            chat = ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            raise _validation_error(exc) from exc
-        return _TurnResponse(gateway, key, chat)
+        dialect = AnthropicDialect(gateway)
+        chat = dialect.translate({**body, "max_tokens": 1}, gateway.session(key))
+        async with gateway.turn(key) as session:
+            n = await gateway.count_tokens(session, chat)
+        return JSONResponse({"input_tokens": n})
 
     async def models(request: Request) -> Response:
-        key = _bearer(request)
+        key = _session_key(request)
         if not _is_admin(gateway, key):
             gateway.session(key)
+        if "anthropic-version" in request.headers:
+            card = {
+                "type": "model",
+                "id": gateway.model,
+                "display_name": gateway.model,
+                "created_at": "1970-01-01T00:00:00Z",
+            }
+            page = {"data": [card], "has_more": False, "first_id": card["id"]}
+            return JSONResponse({**page, "last_id": card["id"]})
         card = {"id": gateway.model, "object": "model", "created": 0, "owned_by": "plies"}
         return JSONResponse({"object": "list", "data": [card]})
+
+    async def probe(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
 
     async def create_session(request: Request) -> Response:
         _admin(gateway, request)
@@ -107,6 +144,11 @@ def create_app(gateway: Gateway, *, max_body_bytes: int = MAX_BODY_BYTES) -> Sta
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route("/", probe, methods=["GET", "HEAD"]),
+            Route("/v1", probe, methods=["GET", "HEAD"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/sessions", create_session, methods=["POST"]),
             Route("/v1/sessions/{key}/finish", finish_session, methods=["POST"]),
@@ -142,22 +184,39 @@ class _Finish(BaseModel):
 
 
 class _TurnResponse(Response):
-    """Holds the session, samples, sends the reply, and only then records the turn."""
+    """Holds the session, samples, sends the reply, and only then records the turn.
 
-    def __init__(self, gateway: Gateway, key: str, request: ChatCompletionRequest):
+    A streamed reply opens (status, headers and the dialect's opening events) once sampling
+    has taken `keepalive_s`, and then sends the dialect's keepalive every `keepalive_s`, so
+    no agent's stream idle timer fires while a slow engine samples; a quick completion is
+    sent whole, and a failure before the stream opened still gets its HTTP status.
+    """
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        key: str,
+        request: ChatCompletionRequest,
+        dialect: Dialect,
+        keepalive_s: float,
+    ):
         self.gateway = gateway
         self.key = key
         self.request = request
+        self.dialect = dialect
+        self.keepalive_s = keepalive_s
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
+        started = finished = False
 
         async def send_tracked(message: Message) -> None:
-            nonlocal started
+            nonlocal started, finished
             started = True
+            finished = not message.get("more_body", False) and message["type"].endswith("body")
             await send(message)
 
+        failure: Exception | None = None
         try:
             async with self.gateway.turn(self.key) as session:
                 try:
@@ -168,21 +227,50 @@ class _TurnResponse(Response):
                 if not delivered:
                     session.lose_conversation()
         except Exception as exc:
-            if started:
-                log.warning("turn failed after its reply started: %r", exc)
-                return
-            await _error_response(exc)(scope, receive, send)
-            return
-        if not started:  # finish_session or drop_session cut the turn off
-            cut = GatewaySessionError("the session was finished or dropped during this request")
-            await _error_response(cut)(scope, receive, send)
+            failure = exc
+        if not started:
+            if failure is None:  # finish_session or drop_session cut the turn off
+                failure = GatewaySessionError(
+                    "the session was finished or dropped during this request"
+                )
+            await self.dialect.error_response(failure)(scope, receive, send)
+        elif not finished:
+            failure = failure or GatewaySessionError("the session ended during this request")
+            log.warning("turn failed after its stream opened: %r", failure)
+            with contextlib.suppress(Exception):  # the client may be gone already
+                await send(_body(self.dialect.error_record(failure), more=False))
 
     async def _serve(self, session: Session, receive: Receive, send: Send) -> bool:
         """Returns whether the reply was delivered (and the turn committed)."""
-        gone = False
+        gone = opened = False
         failure: Exception | None = None
         prepared: PreparedTurn | None = None
         messages: list[Message] = []
+        prompt: tuple[int, int] = (0, 0)
+        rendered = anyio.Event()
+        sending = anyio.Lock()
+        keeper = anyio.CancelScope()
+
+        def on_prompt(n_prompt: int, cached: int) -> None:
+            nonlocal prompt
+            prompt = (n_prompt, cached)
+            rendered.set()
+
+        async def keep_alive() -> None:
+            nonlocal opened
+            with keeper:
+                await anyio.sleep(self.keepalive_s)
+                await rendered.wait()
+                async with sending:
+                    await send(_start(200, b"text/event-stream", None))
+                    opened = True
+                    for record in self.dialect.opening(*prompt):
+                        await send(_body(record))
+                while True:
+                    await anyio.sleep(self.keepalive_s)
+                    async with sending:
+                        await send(_body(self.dialect.keepalive()))
+
         async with anyio.create_task_group() as tg:
             work = anyio.CancelScope()
 
@@ -194,12 +282,18 @@ class _TurnResponse(Response):
                 work.cancel()
 
             tg.start_soon(watch)
+            if self.dialect.stream:
+                tg.start_soon(keep_alive)
             with work:
                 try:
-                    prepared = await self.gateway.prepare(session, self.request)
-                    messages = self._messages(prepared)
-                    for message in messages[:-1]:
-                        await send(message)
+                    prepared = await self.gateway.prepare(
+                        session, self.request, on_prompt=on_prompt
+                    )
+                    keeper.cancel()
+                    async with sending:
+                        messages = self._messages(prepared, opened)
+                        for message in messages[:-1]:
+                            await send(message)
                 except Exception as exc:  # re-raised below, outside the task group
                     failure = exc
             tg.cancel_scope.cancel()
@@ -209,58 +303,30 @@ class _TurnResponse(Response):
             return False
         await send(messages[-1])
         session.commit(prepared)
+        session.dropped_tools.update(self.dialect.dropped_tools)
+        self.dialect.committed(session, prepared)
         return True
 
-    def _messages(self, prepared: PreparedTurn) -> list[Message]:
+    def _messages(self, prepared: PreparedTurn, opened: bool) -> list[Message]:
         """The ASGI messages of the reply; the last one completes it."""
-        model = self.gateway.model
-        id_ = f"chatcmpl-{uuid.uuid4().hex}"
-        usage = (prepared.prompt_tokens, len(prepared.turn.completion_ids))
-        if not self.request.stream:
-            body = completion(
-                id_=id_,
-                model=model,
-                message=prepared.reply,
-                finish_reason=prepared.finish_reason,
-                prompt_tokens=usage[0],
-                completion_tokens=usage[1],
-            )
-            data = json.dumps(body, ensure_ascii=False).encode()
-            return [
-                _start(200, b"application/json", len(data)),
-                {"type": "http.response.body", "body": data, "more_body": False},
+        if not self.dialect.stream:
+            data = json.dumps(self.dialect.body(prepared), ensure_ascii=False).encode()
+            return [_start(200, b"application/json", len(data)), _body(data, more=False)]
+        out: list[Message] = []
+        if not opened:
+            out.append(_start(200, b"text/event-stream", None))
+            out += [
+                _body(r)
+                for r in self.dialect.opening(prepared.prompt_tokens, prepared.cached_tokens)
             ]
-        created = int(time.time())
-        events = [
-            chunk(id_=id_, model=model, created=created, delta=d) for d in _deltas(prepared.reply)
-        ]
-        events.append(
-            chunk(id_=id_, model=model, created=created, finish_reason=prepared.finish_reason)
-        )
-        options = self.request.stream_options
-        if options is not None and options.include_usage:
-            events.append(chunk(id_=id_, model=model, created=created, usage=usage))
-        out: list[Message] = [_start(200, b"text/event-stream", None)]
-        for event in events:
-            line = b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
-            out.append({"type": "http.response.body", "body": line, "more_body": True})
-        out.append({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        records = self.dialect.records(prepared)
+        out += [_body(r) for r in records[:-1]]
+        out.append(_body(records[-1], more=False))
         return out
 
 
-def _deltas(reply: dict[str, Any]) -> list[dict[str, Any]]:
-    """The reply as stream deltas: role, reasoning, content, then each tool call."""
-    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-    if reply.get("reasoning_content"):
-        deltas.append({"reasoning_content": reply["reasoning_content"]})
-    if reply.get("content"):
-        deltas.append({"content": reply["content"]})
-    for i, call in enumerate(reply.get("tool_calls") or ()):
-        fn = call["function"]
-        head = {"index": i, "id": call["id"], "type": "function"}
-        deltas.append({"tool_calls": [{**head, "function": {"name": fn["name"], "arguments": ""}}]})
-        deltas.append({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
-    return deltas
+def _body(data: bytes, *, more: bool = True) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": more}
 
 
 def _start(status: int, content_type: bytes, length: int | None) -> Message:
@@ -275,12 +341,17 @@ def _start(status: int, content_type: bytes, length: int | None) -> Message:
 # -- auth and parsing ------------------------------------------------------------------
 
 
-def _bearer(request: Request) -> str:
+def _session_key(request: Request) -> str:
+    """The key an agent sends as its API key: `x-api-key` (Anthropic) or a bearer token."""
+    api_key = request.headers.get("x-api-key", "").strip()
+    if api_key:
+        return api_key
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise GatewaySessionError(
-            "missing bearer key: send the session key as the API key (Authorization: Bearer <key>)"
+            "missing bearer key: send the session key as the API key "
+            "(Authorization: Bearer <key>, or x-api-key: <key>)"
         )
     return token.strip()
 
@@ -292,9 +363,9 @@ def _is_admin(gateway: Gateway, token: str) -> bool:
 
 def _admin(gateway: Gateway, request: Request) -> None:
     if gateway.admin_token is None:
-        raise _HTTPError(403, "permission_error", "session administration over HTTP is disabled")
-    if not _is_admin(gateway, _bearer(request)):
-        raise _HTTPError(401, "authentication_error", "this route needs the admin token")
+        raise HTTPError(403, "permission_error", "session administration over HTTP is disabled")
+    if not _is_admin(gateway, _session_key(request)):
+        raise HTTPError(401, "authentication_error", "this route needs the admin token")
 
 
 async def _read_json(request: Request, limit: int, *, empty_ok: bool) -> Any:
@@ -316,76 +387,37 @@ async def _read_json(request: Request, limit: int, *, empty_ok: bool) -> Any:
         raise GatewayRequestError("the request body is nested too deeply") from None
 
 
-def _too_large(size: int, limit: int) -> _HTTPError:
+def _too_large(size: int, limit: int) -> HTTPError:
     message = f"request body of {size} bytes or more exceeds the gateway's {limit}-byte limit"
-    return _HTTPError(413, "invalid_request_error", message)
+    return HTTPError(413, "invalid_request_error", message)
 
 
 def _parse(model: type[_M], body: Any) -> _M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise _validation_error(exc) from exc
+        raise validation_error(exc) from exc
 
 
-def _validation_error(exc: ValidationError) -> GatewayRequestError:
-    first = exc.errors()[0]
-    param = ".".join(str(p) for p in first["loc"]) or None
-    where = f" at {param}" if param else ""
-    return GatewayRequestError(f"invalid request{where}: {first['msg']}", param=param)
-
-
-# -- errors as OpenAI's envelope ---------------------------------------------------------
-
-
-class _HTTPError(PliesError):
-    """An HTTP-only refusal (admin routes) with its status and OpenAI error type."""
-
-    def __init__(self, status: int, type_: ErrorType, message: str):
-        super().__init__(message)
-        self.status = status
-        self.type_ = type_
-
-
-_CLIENT_FAULTS = frozenset({400, 413, 422})
-"""Sampler statuses that blame the request (a context too long, a bad seed): passed on as a
-400, since the same request would fail again; any other sampler error is the gateway's."""
-
-_STATUS: list[tuple[type[Exception], int, ErrorType]] = [
-    (GatewaySessionError, 401, "authentication_error"),
-    (GatewayRequestError, 400, "invalid_request_error"),
-    (TokenizationError, 400, "invalid_request_error"),
-    (PolicyUnavailable, 503, "service_unavailable"),
-    (PolicyOutcomeUnknown, 504, "server_error"),
-    (PolicyError, 502, "server_error"),
-]
+# -- errors ----------------------------------------------------------------------------
 
 
 async def _on_error(request: Request, exc: Exception) -> Response:
-    return _error_response(exc)
+    return _dialect_of(request).error_response(exc)
 
 
-def _error_response(exc: Exception) -> Response:
-    """The OpenAI error envelope and status for any exception; unexpected ones are 500."""
-    if isinstance(exc, _HTTPError):
-        return JSONResponse(error_body(str(exc), exc.type_), status_code=exc.status)
-    if isinstance(exc, PolicyResponseError) and exc.status in _CLIENT_FAULTS:
-        message = f"the policy server refused the request: {exc}"
-        return JSONResponse(error_body(message, "invalid_request_error"), status_code=400)
-    for cls, status, type_ in _STATUS:
-        if isinstance(exc, cls):
-            param = getattr(exc, "param", None)
-            return JSONResponse(error_body(str(exc), type_, param=param), status_code=status)
-    log.error("gateway error: %r", exc, exc_info=exc)
-    return JSONResponse(error_body(str(exc), "server_error"), status_code=500)
+def _dialect_of(request: Request) -> type[Dialect]:
+    """Errors raised before a dialect was chosen are written in the route's dialect."""
+    if request.url.path.startswith("/v1/messages"):
+        return AnthropicDialect
+    return ChatDialect
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return JSONResponse(
-        error_body(f"no route {request.url.path}", "not_found_error"), status_code=404
-    )
+    failure = HTTPError(404, "not_found_error", f"no route {request.url.path}")
+    return _dialect_of(request).error_response(failure)
 
 
 async def _not_allowed(request: Request, exc: Exception) -> Response:
     message = f"{request.method} is not allowed on {request.url.path}"
-    return JSONResponse(error_body(message, "invalid_request_error"), status_code=405)
+    return _dialect_of(request).error_response(HTTPError(405, "invalid_request_error", message))

@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,6 +26,7 @@ from ..trajectory import Status, Trajectory, Turn
 from ._canonical import CanonicalMessage, canonicalise, template_messages
 from ._schemas import ChatCompletionRequest, RequestMessage
 from ._session import GatewayFallback, PreparedTurn, Session, SessionState
+from ._stops import StopStrings, check_stops
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SETTLE_TIMEOUT", "Gateway"]
 
@@ -36,6 +37,9 @@ DEFAULT_MAX_TOKENS = 1024
 DEFAULT_SETTLE_TIMEOUT = 30.0
 """Seconds `finish_session` / `drop_session` wait for a turn in flight before cutting it off."""
 KEY_PREFIX = "plies-sk-"
+HANDLE_PREFIX = "plies-turn-"
+REASONING_CLOSE = "</think>"
+"""The token that closes a reasoning block, for `reasoning_tokens` in usage (Qwen3, DeepSeek)."""
 _UNKNOWN_KEY = "session key not recognised: it is unknown, or its session was finished or dropped"
 
 
@@ -201,6 +205,14 @@ class Gateway(AsyncLifecycle):
     def open_sessions(self) -> int:
         return len(self._sessions)
 
+    def mint_handle(self, session: Session, prepared: PreparedTurn) -> str:
+        """The opaque handle of a sampled turn, minted once: a thinking block's `signature`
+        or a reasoning item's `encrypted_content`. It names the turn's stored ids in this
+        session (`Session.handles`) and means nothing anywhere else."""
+        if prepared.handle is None:
+            prepared.handle = HANDLE_PREFIX + secrets.token_urlsafe(18)
+        return prepared.handle
+
     # -- turns ---------------------------------------------------------------------------
 
     @asynccontextmanager
@@ -221,55 +233,56 @@ class Gateway(AsyncLifecycle):
                 finally:
                     session.in_flight = None
 
-    async def prepare(self, session: Session, request: ChatCompletionRequest) -> PreparedTurn:
+    async def prepare(
+        self,
+        session: Session,
+        request: ChatCompletionRequest,
+        *,
+        on_prompt: Callable[[int, int], None] | None = None,
+    ) -> PreparedTurn:
         """Build the prompt, sample and parse one turn; nothing is recorded yet.
 
         The caller holds `turn(key)`. On success it sends the reply and calls
         `session.commit`; on any failure it calls `session.lose_conversation()`.
+
+        Args:
+            on_prompt: told (prompt tokens, of which reused from the stored prefix) once the
+                prompt is rendered and before sampling starts, so a stream can open.
 
         Raises:
             GatewayRequestError: the request asks for something the gateway cannot do.
             PolicyError: sampling failed.
             TokenizationError: the template could not render the messages.
         """
-        params = self._params(request)
+        params, stops = await self._params(request)
         canon = canonicalise(request.messages)
         messages = template_messages(request.messages)
         tools = request.tool_dicts()
 
-        fallback: str | None = None
-        conversation = session.conversation
         n_served = len(session.served)
-        if conversation is not None:
-            fallback = _extension_failure(canon, session.served)
-        elif session.lost is not None:
-            fallback = session.lost
-        elif session.turns:
-            fallback = GatewayFallback.HISTORY_EDITED
-
+        conversation, fallback = self._continue(session, canon)
         # The conversation object is mutated below; if this turn is not committed, the
         # session must not extend it again.
         session.lose_conversation()
-        if conversation is not None and fallback is None:
-            if tools != session.tools:
-                conversation.set_tools(tools)
-            conversation.add_messages(messages[n_served:])
-        else:
-            conversation = self.renderer.start(messages, tools=tools)
+        conversation = self._advance(conversation, messages, n_served, tools)
         prompt_ids = await conversation.arender()
         n_prompt = len(prompt_ids)  # a live list: add_completion extends it in place
         delta = conversation.delta
+        cached = n_prompt - len(delta.ids) if delta.extends else 0
         if delta.fallback is not None:
             fallback = delta.fallback.reason
+        if on_prompt is not None:
+            on_prompt(n_prompt, cached)
 
         started = time.time()
         completion = await self.sampler.sample(
             prompt_ids, params, policy=self.policy, session=session.key
         )
         latency = time.time() - started
+        completion, stop_sequence = await self._cut_at_stop(completion, stops)
         parsed = conversation.add_completion(completion.ids, completion.finish_reason)
 
-        reply = self._reply(parsed, completion.ids, request)
+        reply = self._reply(parsed, completion.ids, request, stop_sequence)
         turn = Turn.from_completion(
             delta,
             completion,
@@ -292,9 +305,53 @@ class Gateway(AsyncLifecycle):
             messages=messages,
             conversation=conversation,
             tools=tools,
+            cached_tokens=cached,
+            reasoning_tokens=self._reasoning_tokens(completion.ids, parsed),
+            stop_sequence=stop_sequence,
         )
 
-    def _params(self, request: ChatCompletionRequest) -> Any:
+    async def count_tokens(self, session: Session, request: ChatCompletionRequest) -> int:
+        """The length of the prompt `prepare` would send for `request`, sampling nothing.
+
+        The caller holds `turn(key)`. The session's conversation is copied, never advanced,
+        so counting leaves the next turn's prompt exactly as it was.
+        """
+        canon = canonicalise(request.messages)
+        messages = template_messages(request.messages)
+        tools = request.tool_dicts()
+        conversation, _ = self._continue(session, canon)
+        if conversation is not None:
+            conversation = conversation.fork()
+        conversation = self._advance(conversation, messages, len(session.served), tools)
+        return len(await conversation.arender())
+
+    def _continue(
+        self, session: Session, canon: list[CanonicalMessage]
+    ) -> tuple[Any, GatewayFallback | None]:
+        """The stored conversation this request extends (or None), and why it does not."""
+        conversation = session.conversation
+        if conversation is not None:
+            fallback = _extension_failure(canon, session.served)
+            return (conversation if fallback is None else None), fallback
+        if session.lost is not None:
+            return None, session.lost
+        if session.turns:
+            return None, GatewayFallback.HISTORY_EDITED
+        return None, None
+
+    def _advance(
+        self, conversation: Any, messages: list[dict[str, Any]], n_served: int, tools: Any
+    ) -> Any:
+        """`conversation` extended by the messages after the served ones, or a new one."""
+        if conversation is None:
+            return self.renderer.start(messages, tools=tools)
+        if tools != conversation.tools:
+            conversation.set_tools(tools)
+        conversation.add_messages(messages[n_served:])
+        return conversation
+
+    async def _params(self, request: ChatCompletionRequest) -> tuple[Any, StopStrings]:
+        """Sampling parameters for `request`, and its stop strings compiled off the loop."""
         choice = request.tool_choice
         if choice is not None and choice not in ("auto", "none"):
             raise GatewayRequestError(
@@ -309,29 +366,54 @@ class Gateway(AsyncLifecycle):
             update["temperature"] = request.temperature
         if request.top_p is not None:
             update["top_p"] = request.top_p
+        if request.top_k is not None:
+            update["top_k"] = request.top_k
         if request.seed is not None:
             update["seed"] = request.seed
-        stops = request.stop_strings()
-        if stops:
-            update["stop_token_ids"] = (*self.sampling.stop_token_ids, *self._stop_ids(stops))
-        return self.sampling.model_copy(update=update)
+        texts = check_stops(request.stop_strings(), "stop")
+        stops = StopStrings({}, ())
+        if texts:
+            tokenizer = self.renderer.tokenizer
+            stops = await anyio.to_thread.run_sync(StopStrings.compile, tokenizer, texts)
+        if stops.by_id:
+            update["stop_token_ids"] = (*self.sampling.stop_token_ids, *stops.by_id)
+        return self.sampling.model_copy(update=update), stops
 
-    def _stop_ids(self, stops: list[str]) -> list[int]:
-        """Stop strings as token ids: sampling stops by id, so each must be one token."""
-        ids = []
-        for text in stops:
-            encoded = self.renderer.tokenizer.encode(text, add_special_tokens=False)
-            if len(encoded) != 1:
-                raise GatewayRequestError(
-                    f"stop string {text!r} is {len(encoded)} tokens; the gateway stops "
-                    "sampling by token id, so each stop string must be exactly one token",
-                    param="stop",
-                )
-            ids.append(encoded[0])
-        return ids
+    async def _cut_at_stop(self, completion: Any, stops: StopStrings) -> tuple[Any, str | None]:
+        """The completion cut after the first stop string it completes, and that string.
+
+        A cut completion did not sample the template's close token, so it is recorded with
+        finish reason "abort": the close token is added to the next prompt, as for a
+        truncated one, and the next turn still extends it.
+        """
+        ids = completion.ids
+        if ids and completion.finish_reason == "stop" and ids[-1] in stops.by_id:
+            return completion, stops.by_id[ids[-1]]
+        matcher = stops.matcher(self.renderer.tokenizer)
+        if matcher is None:
+            return completion, None
+        found = await anyio.to_thread.run_sync(matcher.first_match, ids)
+        if found is None:
+            return completion, None
+        n, text = found
+        cut = completion.model_copy(
+            update={"ids": ids[:n], "logprobs": completion.logprobs[:n], "finish_reason": "abort"}
+        )
+        return cut, text
+
+    def _reasoning_tokens(self, ids: list[int], parsed: Any) -> int:
+        """Completion ids up to the end of the reasoning block (0 when there was none)."""
+        if not parsed.reasoning:
+            return 0
+        close = self.renderer.tokenizer.convert_tokens_to_ids(REASONING_CLOSE)
+        return ids.index(close) + 1 if isinstance(close, int) and close in ids else 0
 
     def _reply(
-        self, parsed: Any, completion_ids: list[int], request: ChatCompletionRequest
+        self,
+        parsed: Any,
+        completion_ids: list[int],
+        request: ChatCompletionRequest,
+        stop_sequence: str | None,
     ) -> dict[str, Any]:
         """The assistant message in OpenAI's shape: argument JSON as a string, fresh ids."""
         calls = parsed.tool_calls
@@ -340,6 +422,8 @@ class Gateway(AsyncLifecycle):
             # The agent asked for no tool calls: what the model wrote is returned as text.
             content = self.renderer.tokenizer.decode(completion_ids, skip_special_tokens=True)
             calls = []
+        if stop_sequence is not None and content and content.endswith(stop_sequence):
+            content = content[: -len(stop_sequence)]  # clients never see the stop string
         reply: dict[str, Any] = {
             "role": "assistant",
             "content": content if content or not calls else None,

@@ -17,7 +17,7 @@ from anyio.abc import TaskGroup
 
 from .._exceptions import GatewayError, UsageError
 from .._net import SERVER_KEEPALIVE_S
-from ._app import create_app
+from ._app import DEFAULT_KEEPALIVE_S, create_app
 from ._gateway import Gateway
 
 __all__ = ["DEFAULT_HOST", "GatewayServer"]
@@ -42,6 +42,7 @@ class GatewayServer:
         gateway: an opened `Gateway` (enter it first, leave it after).
         host: bind address; loopback by default.
         port: 0 picks a free port.
+        keepalive_s: seconds between keepalive events of a stream still sampling.
 
     Example::
 
@@ -49,8 +50,16 @@ class GatewayServer:
             print(server.url)  # http://127.0.0.1:PORT/v1
     """
 
-    def __init__(self, gateway: Gateway, *, host: str = DEFAULT_HOST, port: int = 0):
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        host: str = DEFAULT_HOST,
+        port: int = 0,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+    ):
         self.gateway = gateway
+        self.keepalive_s = keepalive_s
         self.host = host
         self.port = port
         self._server: _Uvicorn | None = None
@@ -86,7 +95,7 @@ class GatewayServer:
             ) from err
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            create_app(self.gateway),
+            create_app(self.gateway, keepalive_s=self.keepalive_s),
             log_level="warning",
             access_log=False,
             lifespan="off",

@@ -60,6 +60,14 @@ class PreparedTurn:
     messages: list[dict[str, Any]]
     conversation: Any
     tools: list[dict[str, Any]] | None
+    cached_tokens: int = 0
+    """Prompt tokens reused from the stored prefix (the cache hit agents are told of)."""
+    reasoning_tokens: int = 0
+    """Completion tokens up to the end of the reasoning block."""
+    stop_sequence: str | None = None
+    """The request's stop string that ended the completion, if one did."""
+    handle: str | None = None
+    """The opaque handle minted for this turn (a thinking signature, an encrypted_content)."""
 
 
 @dataclass(eq=False)
@@ -78,12 +86,20 @@ class Session:
     tools: list[dict[str, Any]] | None = None
     lost: GatewayFallback | None = None
     fallbacks: Counter[str] = field(default_factory=Counter)
+    dropped_tools: Counter[str] = field(default_factory=Counter)
+    """Tools the agent offered that the gateway cannot serve (hosted, namespaced), by kind."""
     ill_formed: int = 0
+    responses: dict[str, list[Any]] = field(default_factory=dict)
+    """The conversation of each recent Responses reply, for `previous_response_id`."""
+    handles: dict[str, int] = field(default_factory=dict)
+    """Minted handles (thinking signatures, reasoning encrypted_content) -> turn index."""
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     in_flight: anyio.CancelScope | None = None
 
     def commit(self, prepared: PreparedTurn) -> None:
         """Record a turn whose reply was sent, and keep its tokens for the next prompt."""
+        if prepared.handle is not None:
+            self.handles[prepared.handle] = len(self.turns)
         self.turns.append(prepared.turn)
         self.messages = [*prepared.messages, prepared.reply]
         self.served = prepared.served
@@ -113,4 +129,6 @@ class Session:
         }
         for reason, n in sorted(self.fallbacks.items()):
             out[f"fallback.{reason}"] = float(n)
+        for kind, n in sorted(self.dropped_tools.items()):
+            out[f"dropped_tool.{kind}"] = float(n)
         return out

@@ -41,8 +41,9 @@ def serve(
     """Serve until SIGINT/SIGTERM; return the exit code (130 after a signal, 2 on bad options).
 
     Args:
-        token: the admin token; by default a random one, announced on the ready line. It
-            must be given (at least 16 characters) to bind beyond loopback.
+        token: the admin token; by default a random one, announced on the ready line (a
+            token given here is never printed). It must be given (at least 16 characters)
+            to bind beyond loopback.
         sampler_token: the policy server's token, sent as `Authorization: Bearer`.
     """
     logging.basicConfig(
@@ -96,7 +97,9 @@ async def _serve(
             Gateway(client, renderer, sampling=sampling, admin_token=admin_token) as gateway,
             GatewayServer(gateway, host=host, port=port) as server,
         ):
-            line = {"url": server.url, "admin_token": admin_token}
+            line = {"url": server.url}
+            if token is None:  # a token the user gave is never printed: they have it
+                line["admin_token"] = admin_token
             sys.stdout.write(json.dumps(line) + "\n")
             sys.stdout.flush()
             async for signum in signals:

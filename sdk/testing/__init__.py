@@ -2,6 +2,10 @@
 
 - The offline model kit: a real Qwen3 tokenizer and a tiny random Qwen3 model, built from
   installed packages (no model hub) and cached (`qwen3_tokenizer_dir`, `tiny_model_dir`).
+- `ScriptedPolicy`: a policy client that answers each turn from a script, rendered in the
+  model's own tool-call format through the real tokenizer (`render_completion`), so agents
+  finish tasks through a real gateway with a tiny random model behind nothing; and
+  `tiny_model_dir(max_positions=LONG_MAX_POSITIONS)` for the long prompts of agent CLIs.
 - `serve_process` / `serve_process_sync`: start a server that prints one JSON ready line on
   stdout, hand it out as a `ServerProcess`, stop it on every path (`spawn_server` and
   `stop_server` are its two halves, for a pool that owns the lifetime); `plies_command`
@@ -11,8 +15,10 @@ It imports only the low layers, so users test their own envs against real server
 way plies tests itself.
 """
 
+from ._models import DEFAULT_MAX_POSITIONS as DEFAULT_MAX_POSITIONS
 from ._models import FIRST_ADDED_ID as FIRST_ADDED_ID
 from ._models import KIT_VERSION as KIT_VERSION
+from ._models import LONG_MAX_POSITIONS as LONG_MAX_POSITIONS
 from ._models import QWEN3_ADDED_TOKENS as QWEN3_ADDED_TOKENS
 from ._models import VOCAB_SIZE as VOCAB_SIZE
 from ._models import build_qwen3_tokenizer as build_qwen3_tokenizer
@@ -21,6 +27,11 @@ from ._models import kit_dir as kit_dir
 from ._models import qwen3_tokenizer_dir as qwen3_tokenizer_dir
 from ._models import tiny_model_dir as tiny_model_dir
 from ._models import tree_digest as tree_digest
+from ._scripted import SCRIPTED_POLICY as SCRIPTED_POLICY
+from ._scripted import ScriptAnswer as ScriptAnswer
+from ._scripted import ScriptedPolicy as ScriptedPolicy
+from ._scripted import ScriptStep as ScriptStep
+from ._scripted import render_completion as render_completion
 from ._serve import ServerProcess as ServerProcess
 from ._serve import plies_command as plies_command
 from ._serve import serve_process as serve_process
@@ -29,16 +40,23 @@ from ._serve import spawn_server as spawn_server
 from ._serve import stop_server as stop_server
 
 __all__ = [
+    "DEFAULT_MAX_POSITIONS",
     "FIRST_ADDED_ID",
     "KIT_VERSION",
+    "LONG_MAX_POSITIONS",
     "QWEN3_ADDED_TOKENS",
+    "SCRIPTED_POLICY",
     "VOCAB_SIZE",
+    "ScriptAnswer",
+    "ScriptStep",
+    "ScriptedPolicy",
     "ServerProcess",
     "build_qwen3_tokenizer",
     "build_tiny_model",
     "kit_dir",
     "plies_command",
     "qwen3_tokenizer_dir",
+    "render_completion",
     "serve_process",
     "serve_process_sync",
     "spawn_server",

@@ -26,9 +26,13 @@ from pathlib import Path
 
 import platformdirs
 
+from plies import ConfigError
+
 __all__ = [
+    "DEFAULT_MAX_POSITIONS",
     "FIRST_ADDED_ID",
     "KIT_VERSION",
+    "LONG_MAX_POSITIONS",
     "QWEN3_ADDED_TOKENS",
     "VOCAB_SIZE",
     "build_qwen3_tokenizer",
@@ -142,10 +146,25 @@ def build_qwen3_tokenizer(out: Path):
     return tokenizer
 
 
-def build_tiny_model(out: Path, *, seed: int = 0, tokenizer_dir: Path | None = None) -> Path:
+DEFAULT_MAX_POSITIONS = 4096
+"""Positions of the default tiny model (tests and the demo depend on its exact bytes)."""
+LONG_MAX_POSITIONS = 65536
+"""Positions of the long-context tiny model: agent CLIs send 20-25k-token first prompts."""
+
+
+def build_tiny_model(
+    out: Path,
+    *,
+    seed: int = 0,
+    tokenizer_dir: Path | None = None,
+    max_positions: int = DEFAULT_MAX_POSITIONS,
+) -> Path:
     """Write a tiny random Qwen3 model and its tokenizer to `out`.
 
     Hidden size 32, 2 layers, head_dim 32, the full 151,936-row vocabulary, untied head.
+    Qwen3's rotary embeddings have no learned positions, so `max_positions` changes only the
+    config (the weights of a seed are the same at any length); the default keeps the bytes
+    every test and the demo were built on.
     """
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
@@ -160,7 +179,7 @@ def build_tiny_model(out: Path, *, seed: int = 0, tokenizer_dir: Path | None = N
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=32,
-        max_position_embeddings=4096,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
@@ -192,11 +211,19 @@ def qwen3_tokenizer_dir() -> Path:
     return out
 
 
-def tiny_model_dir() -> Path:
-    """The cached tiny Qwen3 model (with its tokenizer), built on first use."""
-    out = kit_dir() / "tiny-qwen3"
+def tiny_model_dir(*, max_positions: int = DEFAULT_MAX_POSITIONS) -> Path:
+    """The cached tiny Qwen3 model (with its tokenizer), built on first use.
+
+    Args:
+        max_positions: the context it takes; `LONG_MAX_POSITIONS` for agent CLIs, whose
+            first prompts are longer than the default's 4,096 positions.
+    """
+    if max_positions < 1:
+        raise ConfigError(f"max_positions must be positive, got {max_positions}")
+    name = "tiny-qwen3" if max_positions == DEFAULT_MAX_POSITIONS else f"tiny-qwen3-{max_positions}"
+    out = kit_dir() / name
     if not (out / "model.safetensors").exists():
-        build_tiny_model(out)
+        build_tiny_model(out, max_positions=max_positions)
     return out
 
 

@@ -10,6 +10,7 @@ full render still begins with the previous prompt + completion).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
@@ -420,6 +421,22 @@ class Conversation:
         self._messages += checked
         self._pending += checked
         self._dirty = True
+
+    def fork(self) -> Conversation:
+        """An independent copy: advancing either leaves the other as it was.
+
+        Why: a capture gateway answers a request that branches off a stored turn (a retry,
+        a sub-agent, a token count) from that turn's state while the original goes on. The
+        ids are copied, O(prompt), once per branch; nothing is re-rendered or re-tokenized.
+        """
+        other = copy.copy(self)
+        other._messages = list(self._messages)
+        other._pending = list(self._pending)
+        other.fallbacks = list(self.fallbacks)
+        if self._base is not None:
+            other._base = list(self._base)
+        other._prompt = other._base if self._prompt is self._base else list(self._prompt)
+        return other
 
     def set_tools(self, tools: Sequence[Any] | None) -> None:
         """Change the tools offered from the next prompt on (a new template key: full render)."""

@@ -148,6 +148,7 @@ async def gateway_stack(
     max_tokens: int = 12,
     template_kwargs: dict[str, Any] | None = None,
     policy: Any = None,
+    keepalive_s: float = 5.0,
 ) -> AsyncIterator[Stack]:
     """Recording engine -> VLLMClient -> Gateway -> uvicorn, all on 127.0.0.1."""
     async with (
@@ -163,7 +164,7 @@ async def gateway_stack(
             settle_timeout=5.0,
             policy=policy,
         ) as gateway,
-        GatewayServer(gateway) as server,
+        GatewayServer(gateway, keepalive_s=keepalive_s) as server,
     ):
         stack = Stack(engine, gateway, server.url, tokenizer, server)
         try:

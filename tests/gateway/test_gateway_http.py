@@ -241,7 +241,8 @@ async def test_bad_requests_get_openai_errors(policy_server, qwen3_tokenizer):
         cases = [
             ({"tool_choice": "required", "tools": TOOLS}, "tool_choice"),
             ({"n": 2}, "n"),
-            ({"stop": ["two tokens at least"]}, "stop"),
+            ({"stop": ["x"] * 17}, "stop"),
+            ({"stop": ["y" * 129]}, "stop"),
             ({"temperature": 7}, "temperature"),
         ]
         for extra, param in cases:

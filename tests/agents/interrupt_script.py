@@ -1,0 +1,89 @@
+"""A run that plays agent episodes under plies' Ctrl-C handling; the interrupt test signals it.
+
+    python interrupt_script.py RUN_DIR AGENT [AGENT ...]
+
+One group of two episodes per agent, all in one driver, each episode an agent CLI whose first
+tool call is a long `sleep` in its workspace (sandboxes under RUN_DIR/sandboxes), through a
+gateway of its own with a scripted policy. Prints one JSON line `{"event": "ready"}` once
+every group is admitted; groups go to RUN_DIR/groups.jsonl, the quarantine report to
+RUN_DIR/quarantine.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from pathlib import Path
+
+from conftest import AGENTS, agent_gateway
+from transformers import AutoTokenizer
+
+from plies import testing
+from plies.environments import LocalProcessBackend, Task
+from plies.harness import AgentHarness, MiniSweAgent, WorkspaceEnv
+from plies.runtime import EnvPool, GroupSpec, JsonlSink, RolloutDriver, RolloutResources, run
+
+SLEEP = "sleep 300"
+SLEEPS = {
+    "mini-swe-agent": ("bash", {"command": SLEEP}),
+    "openai-agents-chat": ("run_command", {"command": SLEEP}),
+    "openai-agents-responses": ("run_command", {"command": SLEEP}),
+    "opencode": ("bash", {"command": SLEEP, "description": "Wait"}),
+    "pi": ("bash", {"command": SLEEP}),
+    "claude-code": ("Bash", {"command": SLEEP, "description": "Wait"}),
+    "codex": ("exec_command", {"cmd": SLEEP}),
+}
+TASK = Task(id="wait", data={"instruction": "Wait five minutes, then say done."})
+
+
+async def main(interrupts, run_dir: Path, agents: list[str]) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(testing.qwen3_tokenizer_dir())
+    backend = LocalProcessBackend(run_dir / "sandboxes")
+    harnesses: dict[str, AgentHarness] = {}
+    async with AsyncExitStack() as stack:
+        for agent in agents:
+            name, arguments = SLEEPS[agent]
+            script = [{"tool_calls": [{"name": name, "arguments": arguments}]}, "Done."]
+            policy = testing.ScriptedPolicy(tokenizer, script)
+            adapter = AGENTS[agent]()
+            if isinstance(adapter, MiniSweAgent):  # its shell cuts commands at 30 s
+                adapter = replace(adapter, config=("environment.timeout=600",))
+            server = await stack.enter_async_context(
+                agent_gateway(policy, tokenizer, wire=adapter.wire)
+            )
+            harnesses[agent] = AgentHarness(server, adapter, wall_s=600, max_turns=4)
+
+        async def episode(ctx):
+            return await harnesses[ctx.task.data["agent"]].play(ctx)
+
+        async def make_env() -> WorkspaceEnv:
+            return WorkspaceEnv(backend, run_id="interrupt")
+
+        pool = EnvPool(make_env, limit=2 * len(agents))
+        async with (
+            RolloutResources(pools=[pool], report_path=run_dir / "quarantine.json") as resources,
+            RolloutDriver(
+                resources, episode, policy=testing.SCRIPTED_POLICY, max_groups_in_flight=None
+            ) as driver,
+        ):
+            sink = JsonlSink(run_dir / "groups.jsonl").open()
+            interrupts.attach(driver)
+            for agent in agents:
+                task = Task(id=f"wait-{agent}", data={**TASK.data, "agent": agent})
+                driver.admit_nowait(GroupSpec(task_id=task.id, size=2, task=task))
+            driver.close_admission()
+            print(json.dumps({"event": "ready"}), flush=True)
+            try:
+                async for group in driver.groups():
+                    sink.write_group(group)
+                    statuses = [t.status for t in group.trajectories]
+                    print(json.dumps({"event": "group", "statuses": statuses}), flush=True)
+            finally:
+                sink.close()
+
+
+if __name__ == "__main__":
+    directory, which = Path(sys.argv[1]), sys.argv[2:]
+    raise SystemExit(run(lambda interrupts: main(interrupts, directory, which)))
