@@ -102,8 +102,20 @@ class Turn(BaseModel):
     )
     extends: bool = Field(
         default=False,
-        description="True when the full prompt is the previous turn's prompt + completion + "
+        description="True when the full prompt is the parent turn's prompt + completion + "
         "`prompt_ids`.",
+    )
+    parent: int | None = Field(
+        default=None,
+        description="When `extends`: the index of the turn this prompt continues, if not the "
+        "one just before it (an episode that branched: sub-agents, retries, compaction).",
+    )
+    branch: str = Field(
+        default="", description="Which branch of the episode the turn belongs to, when named."
+    )
+    auxiliary: bool = Field(
+        default=False,
+        description="An auxiliary call (a title, a summary): kept in the record, never trained.",
     )
     completion_ids: list[int] = Field(description="Sampled ids, stop token included.")
     logprobs: list[float] = Field(description="Sampler logprob of each completion id.")
@@ -247,52 +259,83 @@ class Trajectory(BaseModel):
             if type(fields[name]) is not _SettledDict:
                 fields[name] = _SettledDict(fields[name])
 
+    def parent(self, k: int) -> int | None:
+        """The turn whose prompt + completion turn `k`'s prompt continues, or None.
+
+        Raises:
+            TrajectoryError: the turn claims to extend a turn that does not precede it.
+        """
+        turn = self.turns[k]
+        if not turn.extends:
+            return None
+        parent = k - 1 if turn.parent is None else turn.parent
+        if not 0 <= parent < k:
+            raise TrajectoryError(f"turn {k} cannot extend turn {parent}", turn=k)
+        return parent
+
+    def chain(self, k: int) -> list[int]:
+        """The turns whose tokens make turn `k`'s prompt, root first, `k` last."""
+        chain = [k]
+        parent = self.parent(k)
+        while parent is not None:
+            chain.append(parent)
+            parent = self.parent(parent)
+        chain.reverse()
+        return chain
+
     def prompt_ids(self, k: int) -> list[int]:
         """The full prompt that turn `k` sent, rebuilt from the stored deltas."""
-        start = k
-        while start > 0 and self.turns[start].extends:
-            start -= 1
         ids: list[int] = []
-        for turn in self.turns[start:k]:
-            ids += turn.prompt_ids
-            ids += turn.completion_ids
+        for j in self.chain(k)[:-1]:
+            ids += self.turns[j].prompt_ids
+            ids += self.turns[j].completion_ids
         ids += self.turns[k].prompt_ids
         return ids
 
     def segments(self) -> list[Segment]:
-        """Training sequences: consecutive turns that extend one another share a segment.
+        """Training sequences: one per branch tip, each its chain of turns.
+
+        A linear episode gives one segment per run of turns that extend one another. An
+        episode that branched (turns whose `parent` is not the turn before) gives one
+        segment per tip; where branches share turns, their sampled tokens are trained
+        (mask 1) in the first segment that holds them and are masked context in the others,
+        so every sampled token is trained exactly once. Auxiliary turns are never trained:
+        they are masked context where a branch extends them, and end no segment.
 
         Raises:
             TrajectoryError: a turn claims to extend nothing, or lengths disagree.
         """
+        if self.turns and self.turns[0].extends:
+            raise TrajectoryError("the first turn cannot extend a previous one", turn=0)
+        extended = {self.parent(k) for k in range(len(self.turns))}
+        tips = [k for k, turn in enumerate(self.turns) if k not in extended and not turn.auxiliary]
+        trained: set[int] = set()
         segments: list[Segment] = []
-        tokens: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        first = 0
-        for k, turn in enumerate(self.turns):
-            if turn.extends and k == 0:
-                raise TrajectoryError("the first turn cannot extend a previous one", turn=0)
-            if not turn.extends and tokens:
-                segments.append(Segment.build(tokens, mask, logprobs, versions, (first, k)))
-                tokens, mask, logprobs, versions = [], [], [], []
-                first = k
-            v = turn.policy.version
-            n = len(turn.prompt_ids)
-            tokens += turn.prompt_ids
-            mask += [0] * n
-            logprobs += [0.0] * n
-            versions += [v] * n
-            m = len(turn.completion_ids)
-            tokens += turn.completion_ids
-            mask += [1] * m
-            logprobs += turn.logprobs
-            versions += [v] * m
-        if tokens:
-            segments.append(
-                Segment.build(tokens, mask, logprobs, versions, (first, len(self.turns)))
-            )
+        for tip in tips:
+            tokens: list[int] = []
+            mask: list[int] = []
+            logprobs: list[float] = []
+            versions: list[int] = []
+            chain = self.chain(tip)
+            for j in chain:
+                turn = self.turns[j]
+                v = turn.policy.version
+                n = len(turn.prompt_ids)
+                tokens += turn.prompt_ids
+                mask += [0] * n
+                logprobs += [0.0] * n
+                versions += [v] * n
+                m = len(turn.completion_ids)
+                tokens += turn.completion_ids
+                if j in trained or turn.auxiliary:
+                    mask += [0] * m
+                    logprobs += [0.0] * m
+                else:
+                    trained.add(j)
+                    mask += [1] * m
+                    logprobs += turn.logprobs
+                versions += [v] * m
+            segments.append(Segment.build(tokens, mask, logprobs, versions, (chain[0], tip + 1)))
         return segments
 
     @property
@@ -314,7 +357,10 @@ class Segment(BaseModel):
     mask: list[int]
     logprobs: list[float] = Field(description="Sampler logprobs on masked positions, 0 elsewhere.")
     policy_version: list[int] = Field(description="Version of the policy behind each token.")
-    turns: tuple[int, int] = Field(description="Half-open range of turn indices it covers.")
+    turns: tuple[int, int] = Field(
+        description="Half-open range of turn indices from its first turn to its last (a "
+        "branch's chain may skip turns of other branches in between)."
+    )
 
     @classmethod
     def build(

@@ -71,6 +71,7 @@ class MessagesRequest(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     stream: bool = False
+    output_config: dict[str, Any] | None = None
 
 
 def _fail(message: str, param: str) -> GatewayRequestError:
@@ -235,6 +236,7 @@ class AnthropicDialect(Dialect):
             else:
                 raise _fail(f"unknown role {role!r}", f"messages.{i}.role")
         self.stream = request.stream
+        self.auxiliary = request.output_config is not None and "format" in request.output_config
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.session = session
         try:

@@ -47,6 +47,9 @@ MAX_BODY_BYTES = 8 << 20
 """The largest request body: a whole agent transcript is far smaller (Claude Code's first
 request is about 78 KB, Codex's 41 KB); past it a client could make the gateway buffer
 without bound."""
+BRANCH_HEADERS = ("x-plies-branch", "x-openai-subagent")
+"""Headers that name the agent or sub-agent a request came from (Codex sends the second)."""
+MAX_BRANCH_NAME = 128
 DEFAULT_KEEPALIVE_S = 5.0
 """Seconds between keepalive events of a stream whose completion is still sampling: well
 inside Codex's 300 s stream idle timeout and the 10 s agents are promised."""
@@ -76,7 +79,8 @@ def create_app(
         gateway.session(key)
         dialect = dialect_type(gateway)
         chat = dialect.translate(await _json(request), gateway.session(key))
-        return _TurnResponse(gateway, key, chat, dialect, keepalive_s)
+        branch = next((request.headers[h] for h in BRANCH_HEADERS if h in request.headers), None)
+        return _TurnResponse(gateway, key, chat, dialect, keepalive_s, branch)
 
     async def chat_completions(request: Request) -> Response:
         return await _turn(request, ChatDialect)
@@ -199,12 +203,14 @@ class _TurnResponse(Response):
         request: ChatCompletionRequest,
         dialect: Dialect,
         keepalive_s: float,
+        branch: str | None = None,
     ):
         self.gateway = gateway
         self.key = key
         self.request = request
         self.dialect = dialect
         self.keepalive_s = keepalive_s
+        self.branch = None if branch is None else branch[:MAX_BRANCH_NAME]
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -287,7 +293,11 @@ class _TurnResponse(Response):
             with work:
                 try:
                     prepared = await self.gateway.prepare(
-                        session, self.request, on_prompt=on_prompt
+                        session,
+                        self.request,
+                        on_prompt=on_prompt,
+                        branch_name=self.branch,
+                        auxiliary=self.dialect.auxiliary,
                     )
                     keeper.cancel()
                     async with sending:

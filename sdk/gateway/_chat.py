@@ -37,13 +37,15 @@ class Dialect:
 
     One instance serves one request. `stream` is set by `translate`; `dropped_tools`
     counts tools the request offered that the gateway does not serve (added to the
-    session's metrics when the turn is committed).
+    session's metrics when the turn is committed); `auxiliary` says the request is an
+    auxiliary call by its shape (a title request asking for structured output).
     """
 
     def __init__(self, gateway: Any):
         self.gateway = gateway
         self.stream = False
         self.dropped_tools: Counter[str] = Counter()
+        self.auxiliary = False
 
     def translate(self, body: Any, session: Session) -> ChatCompletionRequest:
         raise NotImplementedError

@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,7 +25,7 @@ from ..policy import SamplingParams
 from ..trajectory import Status, Trajectory, Turn
 from ._canonical import CanonicalMessage, canonicalise, template_messages
 from ._schemas import ChatCompletionRequest, RequestMessage
-from ._session import GatewayFallback, PreparedTurn, Session, SessionState
+from ._session import Branch, GatewayFallback, PreparedTurn, Session, SessionState
 from ._stops import StopStrings, check_stops
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SETTLE_TIMEOUT", "Gateway"]
@@ -57,6 +57,11 @@ class Gateway(AsyncLifecycle):
         policy: which policy samples (a `PolicyRef` or served name; None: the sampler's
             default). The attribute of that name can be set after publishing a new
             policy; turns in flight keep theirs.
+        auxiliary_models: model names whose requests are auxiliary calls (a title or topic
+            request to a small model); Anthropic requests with `output_config.format` are
+            too. Auxiliary turns are recorded with `Turn.auxiliary` and never trained.
+        train_auxiliary: train them after all (they are then an ordinary branch named
+            "auxiliary").
 
     The gateway does not own `sampler`: close it yourself after the gateway.
 
@@ -78,6 +83,8 @@ class Gateway(AsyncLifecycle):
         settle_timeout: float = DEFAULT_SETTLE_TIMEOUT,
         admin_token: str | None = None,
         policy: Any = None,
+        auxiliary_models: Collection[str] = (),
+        train_auxiliary: bool = False,
     ):
         self.sampler = sampler
         self.renderer = renderer
@@ -91,6 +98,8 @@ class Gateway(AsyncLifecycle):
         self.settle_timeout = settle_timeout
         self.admin_token = admin_token
         self.policy: Any = policy
+        self.auxiliary_models = frozenset(auxiliary_models)
+        self.train_auxiliary = train_auxiliary
         self._sessions: dict[str, Session] = {}
 
     # -- lifetime ------------------------------------------------------------------------
@@ -239,6 +248,8 @@ class Gateway(AsyncLifecycle):
         request: ChatCompletionRequest,
         *,
         on_prompt: Callable[[int, int], None] | None = None,
+        branch_name: str | None = None,
+        auxiliary: bool = False,
     ) -> PreparedTurn:
         """Build the prompt, sample and parse one turn; nothing is recorded yet.
 
@@ -248,6 +259,10 @@ class Gateway(AsyncLifecycle):
         Args:
             on_prompt: told (prompt tokens, of which reused from the stored prefix) once the
                 prompt is rendered and before sampling starts, so a stream can open.
+            branch_name: the agent or sub-agent the request came from (a header), named on
+                the turn; by default the branch it extends, or a new name.
+            auxiliary: the caller knows the request is an auxiliary call (a title or a
+                structured summary); requests to `auxiliary_models` are too.
 
         Raises:
             GatewayRequestError: the request asks for something the gateway cannot do.
@@ -259,12 +274,17 @@ class Gateway(AsyncLifecycle):
         messages = template_messages(request.messages)
         tools = request.tool_dicts()
 
-        n_served = len(session.served)
-        conversation, fallback = self._continue(session, canon)
-        # The conversation object is mutated below; if this turn is not committed, the
-        # session must not extend it again.
-        session.lose_conversation()
-        conversation = self._advance(conversation, messages, n_served, tools)
+        branch, fallback = self._continue(session, canon, take=True)
+        # The branch's conversation is mutated below; if this turn is not committed, the
+        # session must not extend it again (`lose_conversation`).
+        session.taken = branch
+        if branch is None:
+            session.n_branches += 1
+            name = branch_name or f"branch-{session.n_branches}"
+            conversation = self.renderer.start(messages, tools=tools)
+        else:
+            name = branch_name or branch.name
+            conversation = self._advance(branch.conversation, messages, len(branch.served), tools)
         prompt_ids = await conversation.arender()
         n_prompt = len(prompt_ids)  # a live list: add_completion extends it in place
         delta = conversation.delta
@@ -281,6 +301,9 @@ class Gateway(AsyncLifecycle):
         latency = time.time() - started
         completion, stop_sequence = await self._cut_at_stop(completion, stops)
         parsed = conversation.add_completion(completion.ids, completion.finish_reason)
+        auxiliary = auxiliary or request.model in self.auxiliary_models
+        if auxiliary and self.train_auxiliary:
+            auxiliary, name = False, "auxiliary"
 
         reply = self._reply(parsed, completion.ids, request, stop_sequence)
         turn = Turn.from_completion(
@@ -291,6 +314,9 @@ class Gateway(AsyncLifecycle):
             fallback=None if fallback is None else str(fallback),
             started_at=started,
             latency_s=latency,
+            parent=branch.last if branch is not None and delta.extends else None,
+            branch=name,
+            auxiliary=auxiliary,
         )
         served = [*canon, *canonicalise([RequestMessage.model_validate(reply)])]
         finish = "length" if completion.finish_reason == "length" else "stop"
@@ -308,6 +334,7 @@ class Gateway(AsyncLifecycle):
             cached_tokens=cached,
             reasoning_tokens=self._reasoning_tokens(completion.ids, parsed),
             stop_sequence=stop_sequence,
+            branch=name,
         )
 
     async def count_tokens(self, session: Session, request: ChatCompletionRequest) -> int:
@@ -319,20 +346,34 @@ class Gateway(AsyncLifecycle):
         canon = canonicalise(request.messages)
         messages = template_messages(request.messages)
         tools = request.tool_dicts()
-        conversation, _ = self._continue(session, canon)
-        if conversation is not None:
-            conversation = conversation.fork()
-        conversation = self._advance(conversation, messages, len(session.served), tools)
+        branch, _ = self._continue(session, canon, take=False)
+        if branch is None:
+            conversation = self.renderer.start(messages, tools=tools)
+        else:
+            forked = branch.conversation.fork()
+            conversation = self._advance(forked, messages, len(branch.served), tools)
         return len(await conversation.arender())
 
     def _continue(
-        self, session: Session, canon: list[CanonicalMessage]
-    ) -> tuple[Any, GatewayFallback | None]:
-        """The stored conversation this request extends (or None), and why it does not."""
-        conversation = session.conversation
-        if conversation is not None:
-            fallback = _extension_failure(canon, session.served)
-            return (conversation if fallback is None else None), fallback
+        self, session: Session, canon: list[CanonicalMessage], *, take: bool
+    ) -> tuple[Branch | None, GatewayFallback | None]:
+        """The branch this request extends (the longest that matches), or why none does.
+
+        Costs string work over the request per live branch, never a tokenization. With
+        `take`, the branch leaves the live set: the turn mutates its conversation.
+        """
+        best: Branch | None = None
+        for branch in session.branches:
+            longer = best is None or len(branch.served) >= len(best.served)
+            if longer and _extension_failure(canon, branch.served) is None:
+                best = branch
+        if best is not None:
+            if take:
+                session.branches.remove(best)
+            return best, None
+        for branch in session.branches:
+            if _is_retry(canon, branch.served):
+                return None, GatewayFallback.RETRIED
         if session.lost is not None:
             return None, session.lost
         if session.turns:
@@ -342,9 +383,7 @@ class Gateway(AsyncLifecycle):
     def _advance(
         self, conversation: Any, messages: list[dict[str, Any]], n_served: int, tools: Any
     ) -> Any:
-        """`conversation` extended by the messages after the served ones, or a new one."""
-        if conversation is None:
-            return self.renderer.start(messages, tools=tools)
+        """`conversation` extended by the messages after the served ones."""
         if tools != conversation.tools:
             conversation.set_tools(tools)
         conversation.add_messages(messages[n_served:])
@@ -459,3 +498,10 @@ def _extension_failure(
     if any(m.role == "assistant" for m in canon[len(served) :]):
         return GatewayFallback.UNSERVED_ASSISTANT
     return None
+
+
+def _is_retry(canon: list[CanonicalMessage], served: list[CanonicalMessage]) -> bool:
+    """Whether `canon` is the request that `served`'s last reply answered, sent again."""
+    if len(canon) != len(served) - 1 or served[-1].role != "assistant":
+        return False
+    return all(a.matches_served(s) for a, s in zip(canon, served, strict=False))

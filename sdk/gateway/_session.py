@@ -19,7 +19,7 @@ import anyio
 from ..trajectory import Turn
 from ._canonical import CanonicalMessage
 
-__all__ = ["GatewayFallback", "PreparedTurn", "Session", "SessionState"]
+__all__ = ["MAX_BRANCHES", "Branch", "GatewayFallback", "PreparedTurn", "Session", "SessionState"]
 
 
 class SessionState(StrEnum):
@@ -46,6 +46,24 @@ class GatewayFallback(StrEnum):
     """New messages include an assistant message the gateway did not sample."""
     REPLY_NOT_DELIVERED = "reply_not_delivered"
     """The previous request failed or its client left, so its tokens were not kept."""
+    RETRIED = "retried"
+    """The request repeats the one before a served reply (a retry): a sibling branch."""
+
+
+MAX_BRANCHES = 64
+"""Live branch tips per session; past it the oldest can no longer be extended (a request
+that continues it is rendered in full, as a new branch)."""
+
+
+@dataclass(eq=False)
+class Branch:
+    """One tip of a session's tree: the served messages and the tokens that produced them."""
+
+    name: str
+    served: list[CanonicalMessage]
+    conversation: Any
+    last: int
+    """Index of the branch's last turn."""
 
 
 @dataclass(slots=True)
@@ -68,6 +86,7 @@ class PreparedTurn:
     """The request's stop string that ended the completion, if one did."""
     handle: str | None = None
     """The opaque handle minted for this turn (a thinking signature, an encrypted_content)."""
+    branch: str = ""
 
 
 @dataclass(eq=False)
@@ -81,9 +100,10 @@ class Session:
     state: SessionState = SessionState.OPEN
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
-    served: list[CanonicalMessage] = field(default_factory=list)
-    conversation: Any = None
-    tools: list[dict[str, Any]] | None = None
+    branches: list[Branch] = field(default_factory=list)
+    """Live branch tips, oldest first; a turn in flight has taken its branch out."""
+    taken: Branch | None = None
+    n_branches: int = 0
     lost: GatewayFallback | None = None
     fallbacks: Counter[str] = field(default_factory=Counter)
     dropped_tools: Counter[str] = field(default_factory=Counter)
@@ -102,24 +122,25 @@ class Session:
             self.handles[prepared.handle] = len(self.turns)
         self.turns.append(prepared.turn)
         self.messages = [*prepared.messages, prepared.reply]
-        self.served = prepared.served
-        self.conversation = prepared.conversation
-        self.tools = prepared.tools
+        tip = Branch(prepared.branch, prepared.served, prepared.conversation, len(self.turns) - 1)
+        self.branches.append(tip)
+        del self.branches[:-MAX_BRANCHES]
+        self.taken = None
         self.lost = None
         if prepared.turn.fallback is not None:
             self.fallbacks[prepared.turn.fallback] += 1
         self.ill_formed += prepared.turn.ill_formed
 
     def lose_conversation(self) -> None:
-        """Forget the token state after a turn that was not delivered.
+        """Forget the branch a turn took out when the turn was not delivered.
 
-        The conversation object may already hold the lost turn's messages and tokens, so it
-        cannot be extended again; the next request renders in full and says why.
+        Its conversation object may already hold the lost turn's messages and tokens, so it
+        cannot be extended again; the next request that would have renders in full and
+        says why. Other branches are untouched.
         """
-        if self.conversation is not None or self.turns:
+        if self.taken is not None or self.turns:
             self.lost = GatewayFallback.REPLY_NOT_DELIVERED
-        self.conversation = None
-        self.served = []
+        self.taken = None
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {
