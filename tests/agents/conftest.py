@@ -75,13 +75,6 @@ TASK = Task(
 """The three-step task: write a file, run a command, answer. The verifier pays 1.0."""
 
 
-WIRE_ROUTES = {
-    "chat": "/v1/chat/completions",
-    "messages": "/v1/messages",
-    "responses": "/v1/responses",
-}
-
-
 def _call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
@@ -192,29 +185,15 @@ async def serve_gateway(gateway: Gateway) -> AsyncIterator[CountingServer]:
             http.should_exit = True
 
 
-def serves(gateway: Gateway, wire: str) -> bool:
-    """Whether the gateway's app has the agent's wire (Messages and Responses came to the
-    gateway after Chat Completions)."""
-    return WIRE_ROUTES[wire] in {getattr(r, "path", "") for r in create_app(gateway).routes}
-
-
-def require_wire(gateway: Gateway, wire: str) -> None:
-    """Skip unless the gateway serves the agent's wire."""
-    if not serves(gateway, wire):
-        pytest.skip(f"this gateway does not serve {WIRE_ROUTES[wire]} yet")
-
-
 @asynccontextmanager
 async def agent_gateway(
-    sampler: Any, tokenizer: Any, *, wire: str = "chat", max_tokens: int = 512
+    sampler: Any, tokenizer: Any, *, max_tokens: int = 512
 ) -> AsyncIterator[CountingServer]:
-    """`sampler` -> `Gateway` -> a counting server on 127.0.0.1; a skip when the gateway
-    does not serve `wire`."""
+    """`sampler` -> `Gateway` -> a counting server on 127.0.0.1."""
     # Scripted answers carry no think block, as Qwen3's own template keeps them in history;
     # TRL's training variant would render an empty one there.
     renderer = ChatRenderer(tokenizer, template="model")
     sampling = SamplingParams(max_tokens=max_tokens, seed=0)
-    async with Gateway(sampler, renderer, sampling=sampling, settle_timeout=5.0) as gateway:
-        require_wire(gateway, wire)
-        async with serve_gateway(gateway) as server:
-            yield server
+    gateway = Gateway(sampler, renderer, sampling=sampling, settle_timeout=5.0)
+    async with gateway, serve_gateway(gateway) as server:
+        yield server

@@ -50,9 +50,7 @@ async def main(interrupts, run_dir: Path, agents: list[str]) -> None:
             adapter = AGENTS[agent]()
             if isinstance(adapter, MiniSweAgent):  # its shell cuts commands at 30 s
                 adapter = replace(adapter, config=("environment.timeout=600",))
-            server = await stack.enter_async_context(
-                agent_gateway(policy, tokenizer, wire=adapter.wire)
-            )
+            server = await stack.enter_async_context(agent_gateway(policy, tokenizer))
             harnesses[agent] = AgentHarness(server, adapter, wall_s=600, max_turns=4)
 
         async def episode(ctx):

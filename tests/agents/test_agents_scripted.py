@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 async def test_agent_finishes_the_three_step_task(agent, qwen3_tokenizer, tmp_path):
     adapter = require_agent(agent)
     policy = ScriptedPolicy(qwen3_tokenizer, SCRIPTS[agent])
-    async with agent_gateway(policy, qwen3_tokenizer, wire=adapter.wire) as server:
+    async with agent_gateway(policy, qwen3_tokenizer) as server:
         harness = AgentHarness(server, adapter, wall_s=180, max_turns=8)
         async with WorkspaceEnv(LocalProcessBackend(tmp_path), run_id="agents") as env:
             trajectory = await harness.run(env, TASK, group_id="g")

@@ -42,7 +42,7 @@ async def test_agent_ends_cleanly_on_the_tiny_random_model(
     adapter = require_agent(agent)
     async with (
         VLLMClient(long_server.url, long_server.model) as client,
-        agent_gateway(client, qwen3_tokenizer, wire=adapter.wire, max_tokens=MAX_TOKENS) as server,
+        agent_gateway(client, qwen3_tokenizer, max_tokens=MAX_TOKENS) as server,
     ):
         harness = AgentHarness(server, adapter, wall_s=240, max_turns=2)
         async with WorkspaceEnv(LocalProcessBackend(tmp_path), run_id="tiny") as env:
