@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -12,14 +13,16 @@ from plies.tokens._parser import _generation_prompt
 from plies.tokens._template import Template
 
 
-class Refusing:
-    """A tokenizer stand-in whose template render always fails."""
+REFUSING = "{{ raise_exception('this template renders nothing') }}"
+"""A chat template whose every render fails."""
 
-    def get_chat_template(self, name, tools):
-        return "{{ raise_exception('no') }}"
 
-    def apply_chat_template(self, *args, **kwargs):
-        raise ValueError("this template renders nothing")
+@pytest.fixture
+def refusing(qwen3_tokenizer):
+    """The real Qwen3 tokenizer with a chat template that refuses every render."""
+    tokenizer = copy.deepcopy(qwen3_tokenizer)
+    tokenizer.chat_template = REFUSING
+    return tokenizer
 
 
 class BrokenRefs:
@@ -37,16 +40,16 @@ class BrokenClose:
         raise OSError("connection reset while closing")
 
 
-def test_a_template_that_refuses_a_discovery_render_is_logged(caplog):
+def test_a_template_that_refuses_a_discovery_render_is_logged(caplog, refusing):
     caplog.set_level(logging.DEBUG, logger="plies.tokens")
-    template = Template(Refusing(), tools=None, template_kwargs={}, system=None)
+    template = Template(refusing, tools=None, template_kwargs={}, system=None)
     assert template.render_text([{"role": "user", "content": "x"}], generation_prompt=True) is None
     assert "this template renders nothing" in caplog.text
 
 
-def test_a_template_without_a_generation_prompt_is_logged(caplog):
+def test_a_template_without_a_generation_prompt_is_logged(caplog, refusing):
     caplog.set_level(logging.DEBUG, logger="plies.tokens")
-    assert _generation_prompt(Refusing(), "{{ x }}", {}) == ""
+    assert _generation_prompt(refusing, REFUSING, {}) == ""
     assert "this template renders nothing" in caplog.text
 
 
