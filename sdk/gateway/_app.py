@@ -225,13 +225,7 @@ class _TurnResponse(Response):
         failure: Exception | None = None
         try:
             async with self.gateway.turn(self.key) as session:
-                try:
-                    delivered = await self._serve(session, receive, send_tracked)
-                except Exception:
-                    session.lose_conversation()
-                    raise
-                if not delivered:
-                    session.lose_conversation()
+                await self._serve(session, receive, send_tracked)
         except Exception as exc:
             failure = exc
         if not started:
@@ -307,12 +301,22 @@ class _TurnResponse(Response):
                 except Exception as exc:  # re-raised below, outside the task group
                     failure = exc
             tg.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-        if gone or prepared is None:
+        if prepared is None:  # `prepare` released what it took
+            if failure is not None:
+                raise failure
             return False
-        await send(messages[-1])
-        session.commit(prepared)
+        committed = False
+        try:
+            if failure is not None:
+                raise failure
+            if gone:
+                return False
+            await send(messages[-1])
+            session.commit(prepared)
+            committed = True
+        finally:
+            if not committed:
+                session.lose(prepared.taken)
         session.dropped_tools.update(self.dialect.dropped_tools)
         self.dialect.committed(session, prepared)
         return True
