@@ -617,13 +617,13 @@ def _extension_failure(
     canon: list[CanonicalMessage], served: list[CanonicalMessage]
 ) -> GatewayFallback | None:
     """Why `canon` does not extend `served`, or None when it does."""
-    if len(canon) <= len(served):
-        return GatewayFallback.HISTORY_EDITED
     for asked, given in zip(canon, served, strict=False):
         if not asked.matches_served(given):
             if asked.drops_reasoning_of(given):
                 return GatewayFallback.THINKING_DROPPED
             return GatewayFallback.HISTORY_EDITED
+    if len(canon) <= len(served):
+        return GatewayFallback.HISTORY_EDITED
     if any(m.role == "assistant" for m in canon[len(served) :]):
         return GatewayFallback.UNSERVED_ASSISTANT
     return None
