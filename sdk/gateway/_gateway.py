@@ -300,111 +300,72 @@ class Gateway(AsyncLifecycle):
         # A taken tip's conversation is mutated below; if this turn is not committed, the
         # session must not extend it again (`Session.lose`).
         taken = start if isinstance(start, Branch) else None
-        delivered = False
-        try:
-            prepared = await self._sample(
-                session,
-                request,
-                canon,
-                messages,
-                tools,
-                start,
-                fallback,
-                params,
-                stops,
-                on_prompt=on_prompt,
-                branch_name=branch_name,
-                auxiliary=auxiliary,
-            )
-            prepared.taken = taken
-            delivered = True
-            return prepared
-        finally:
-            if not delivered:
-                session.lose(taken)
-
-    async def _sample(
-        self,
-        session: Session,
-        request: ChatCompletionRequest,
-        canon: list[CanonicalMessage],
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        start: Branch | int | None,
-        fallback: GatewayFallback | None,
-        params: Any,
-        stops: StopStrings,
-        *,
-        on_prompt: Callable[[int, int], None] | None,
-        branch_name: str | None,
-        auxiliary: bool,
-    ) -> PreparedTurn:
-        """`prepare` once it knows where the prompt starts."""
-        parent: int | None = None
         if isinstance(start, Branch):
-            name = branch_name or start.name
-            conversation = self._advance(start.conversation, messages, len(start.served), tools)
-            parent = start.last
+            name, parent = branch_name or start.name, start.last
         else:
             session.n_branches += 1
-            name = branch_name or f"branch-{session.n_branches}"
-            if start is None:
-                conversation = self.renderer.start(messages, tools=tools)
-            else:
-                conversation = await self._restore(session, start, messages, tools)
-                parent = start
-        prompt_ids = await conversation.arender()
-        n_prompt = len(prompt_ids)  # a live list: add_completion extends it in place
-        delta = conversation.delta
-        cached = n_prompt - len(delta.ids) if delta.extends else 0
-        if delta.fallback is not None:
-            fallback = delta.fallback.reason
-        if on_prompt is not None:
-            on_prompt(n_prompt, cached)
+            name, parent = branch_name or f"branch-{session.n_branches}", start
+        sampled = False
+        try:
+            conversation = await self._conversation(session, start, messages, tools, fork=False)
+            prompt_ids = await conversation.arender()
+            n_prompt = len(prompt_ids)  # a live list: add_completion extends it in place
+            delta = conversation.delta
+            cached = n_prompt - len(delta.ids) if delta.extends else 0
+            if delta.fallback is not None:
+                fallback = delta.fallback.reason
+            if on_prompt is not None:
+                on_prompt(n_prompt, cached)
 
-        started = time.time()
-        completion = await self.sampler.sample(
-            prompt_ids, params, policy=self.policy, session=session.key
-        )
-        latency = time.time() - started
-        completion, stop_sequence = await self._cut_at_stop(completion, stops)
-        parsed = conversation.add_completion(completion.ids, completion.finish_reason)
-        auxiliary = auxiliary or request.model in self.auxiliary_models
-        if auxiliary and self.train_auxiliary:
-            auxiliary, name = False, "auxiliary"
+            started = time.time()
+            completion = await self.sampler.sample(
+                prompt_ids, params, policy=self.policy, session=session.key
+            )
+            latency = time.time() - started
+            completion, stop_sequence = await self._cut_at_stop(completion, stops)
+            parsed = conversation.add_completion(completion.ids, completion.finish_reason)
+            auxiliary = auxiliary or request.model in self.auxiliary_models
+            if auxiliary and self.train_auxiliary:
+                auxiliary, name = False, "auxiliary"
 
-        reply = self._reply(parsed, completion.ids, request, stop_sequence)
-        turn = Turn.from_completion(
-            delta,
-            completion,
-            message=reply,
-            ill_formed=parsed.ill_formed,
-            fallback=None if fallback is None else str(fallback),
-            started_at=started,
-            latency_s=latency,
-            parent=parent if delta.extends else None,
-            branch=name,
-            auxiliary=auxiliary,
-        )
-        served = [*canon, *canonicalise([RequestMessage.model_validate(reply)])]
-        finish = "length" if completion.finish_reason == "length" else "stop"
-        if reply.get("tool_calls"):
-            finish = "tool_calls"
-        return PreparedTurn(
-            turn=turn,
-            reply=reply,
-            finish_reason=finish,
-            prompt_tokens=n_prompt,
-            served=served,
-            messages=messages,
-            conversation=conversation,
-            tools=tools,
-            cached_tokens=cached,
-            reasoning_tokens=self._reasoning_tokens(completion.ids, parsed),
-            stop_sequence=stop_sequence,
-            branch=name,
-            assistant=conversation.messages[-1],
-        )
+            reply = self._reply(parsed, completion.ids, request, stop_sequence)
+            turn = Turn.from_completion(
+                delta,
+                completion,
+                message=reply,
+                ill_formed=parsed.ill_formed,
+                fallback=None if fallback is None else str(fallback),
+                started_at=started,
+                latency_s=latency,
+                parent=parent if delta.extends else None,
+                branch=name,
+                auxiliary=auxiliary,
+            )
+            served = [*canon, *canonicalise([RequestMessage.model_validate(reply)])]
+            finish = "length" if completion.finish_reason == "length" else "stop"
+            if reply.get("tool_calls"):
+                finish = "tool_calls"
+            prepared = PreparedTurn(
+                turn=turn,
+                reply=reply,
+                finish_reason=finish,
+                prompt_tokens=n_prompt,
+                served=served,
+                messages=messages,
+                conversation=conversation,
+                tools=tools,
+                cached_tokens=cached,
+                reasoning_tokens=self._reasoning_tokens(completion.ids, parsed),
+                stop_sequence=stop_sequence,
+                branch=name,
+                assistant=conversation.messages[-1],
+            )
+            prepared.taken = taken
+            sampled = True
+            return prepared
+        finally:
+            if not sampled:
+                session.lose(taken)
 
     async def count_tokens(self, session: Session, request: ChatCompletionRequest) -> int:
         """The length of the prompt `prepare` would send for `request`, sampling nothing.
@@ -416,14 +377,26 @@ class Gateway(AsyncLifecycle):
         messages = template_messages(request.messages)
         tools = request.tool_dicts()
         start, _ = self._continue(session, canon, take=False)
-        if start is None:
-            conversation = self.renderer.start(messages, tools=tools)
-        elif isinstance(start, Branch):
-            forked = start.conversation.fork()
-            conversation = self._advance(forked, messages, len(start.served), tools)
-        else:
-            conversation = await self._restore(session, start, messages, tools)
+        conversation = await self._conversation(session, start, messages, tools, fork=True)
         return len(await conversation.arender())
+
+    async def _conversation(
+        self,
+        session: Session,
+        start: Branch | int | None,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        fork: bool,
+    ) -> Any:
+        """The conversation whose next prompt answers the request: a new one, the live tip
+        advanced (a copy of it with `fork`), or a stored turn restored and advanced."""
+        if start is None:
+            return self.renderer.start(messages, tools=tools)
+        if isinstance(start, Branch):
+            conversation = start.conversation.fork() if fork else start.conversation
+            return self._advance(conversation, messages, len(start.served), tools)
+        return await self._restore(session, start, messages, tools)
 
     def _continue(
         self, session: Session, canon: list[CanonicalMessage], *, take: bool
