@@ -8,6 +8,7 @@ would set it.
 
 from __future__ import annotations
 
+import anthropic
 import anyio
 import pytest
 from conftest import gateway_stack
@@ -97,3 +98,41 @@ async def test_two_branches_sample_at_once_and_both_records_are_exact(
         t for s in trajectory.segments() for t, m in zip(s.tokens, s.mask, strict=True) if m
     )
     assert trained == sorted(t for turn in turns for t in turn.completion_ids)
+
+
+async def test_finishing_a_session_settles_or_cuts_off_every_turn_in_flight(
+    policy_server, qwen3_tokenizer
+):
+    async with gateway_stack(policy_server, qwen3_tokenizer) as stack:
+        errors: list[Exception] = []
+
+        async def ask(client, text: str) -> None:
+            try:
+                await client.messages.create(
+                    model="m", max_tokens=20, messages=[{"role": "user", "content": text}]
+                )
+            except Exception as exc:  # what each agent got, checked below
+                errors.append(exc)
+
+        async def two_turns_then_finish(hold_s: float):
+            key = await stack.gateway.create_session(f"hold-{hold_s}")
+            client = client_for(stack, key)
+            async with anyio.create_task_group() as tg:
+                for text in ("sub-agent 1", "sub-agent 2"):
+                    ids = qwen3_tokenizer.encode(f"{text} done<|im_end|>", add_special_tokens=False)
+                    stack.engine.queue(ids, delay=hold_s)
+                    tg.start_soon(ask, client, text)
+                while len(stack.gateway.session(key).in_flight) < 2:
+                    await anyio.sleep(0.01)
+                started = anyio.current_time()
+                trajectory = await stack.gateway.finish_session(key)
+                return trajectory, anyio.current_time() - started
+
+        # Both finish inside settle_timeout (5 s): both are sent and recorded.
+        settled, waited = await two_turns_then_finish(1.0)
+        assert len(settled.turns) == 2 and not errors and waited < 4
+        # Both outlast it: both are cut off, neither is recorded, each agent gets a 401.
+        cut, waited = await two_turns_then_finish(8.0)
+        assert cut.turns == [] and 4.5 < waited < 7.5
+        assert len(errors) == 2
+        assert all(isinstance(e, anthropic.AuthenticationError) for e in errors), errors

@@ -70,6 +70,10 @@ async def test_a_replayed_signature_restores_the_sampled_ids_of_an_earlier_turn(
         )
         stack.engine.queue(think_ids(qwen3_tokenizer, "ok", "b.txt"))
         third = await ask(forked)
+        # Forked there again, but the user speaks: Qwen3's template drops the turn's
+        # thinking, so the restored turn is rendered as the model will see it.
+        stack.engine.queue(think_ids(qwen3_tokenizer, "ok", "stopped"))
+        await ask([*task, replay, {"role": "user", "content": "Stop."}])
         trajectory = await stack.gateway.finish_session(key)
 
     first_prompt, sampled = stack.engine.requests[0]["prompt"], stack.engine.sampled(0)[0]
@@ -79,8 +83,9 @@ async def test_a_replayed_signature_restores_the_sampled_ids_of_an_earlier_turn(
     assert third.usage.cache_read_input_tokens == len(first_prompt) + len(sampled)
     turn = trajectory.turns[2]
     assert turn.extends and turn.parent == 0 and turn.fallback is None
-    assert trajectory.metrics["fallbacks"] == 0  # no full render anywhere
+    assert [t.fallback for t in trajectory.turns] == [None, None, None, "reasoning_stripped"]
     assert_recorded_exactly(trajectory, stack.engine)
+    assert "look first" not in qwen3_tokenizer.decode(trajectory.prompt_ids(3))
     # Both siblings train turn 0's tokens once: in the first segment only.
     trained = [t for s in trajectory.segments() for t, m in zip(s.tokens, s.mask, strict=True) if m]
     assert sorted(trained) == sorted(t for turn in trajectory.turns for t in turn.completion_ids)
