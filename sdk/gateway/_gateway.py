@@ -408,13 +408,11 @@ class Gateway(AsyncLifecycle):
         reason for a full render. Costs string work over the request per candidate, never a
         tokenization.
         """
-        distrust = _check_handles(session, canon)
-        if distrust is not None:
-            return None, distrust
         best: Branch | None = None
         for branch in session.branches:
             longer = best is None or len(branch.served) >= len(best.served)
-            if longer and _extension_failure(canon, branch.served) is None:
+            extends = len(canon) > len(branch.served)  # checked first: the common case
+            if longer and extends and _extension_failure(canon, branch.served) is None:
                 best = branch
         if best is not None:
             if take:
@@ -423,7 +421,9 @@ class Gateway(AsyncLifecycle):
             return best, None
         # Siblings: of a tip a turn in flight holds, or of a turn whose handle is replayed.
         candidates = {b.last for b in session.busy}
-        candidates.update(session.handles[h][0] for m in canon for h in m.handles[:1])
+        candidates.update(
+            session.handles[h] for m in canon for h in m.handles if h in session.handles
+        )
         restorable = [(session.records[k].served, k) for k in candidates if k in session.records]
         failures = set()
         for served, k in sorted(restorable, key=lambda c: -len(c[0])):
@@ -435,6 +435,12 @@ class Gateway(AsyncLifecycle):
             if _is_retry(canon, branch.served):
                 return None, GatewayFallback.RETRIED
             failures.add(_extension_failure(canon, branch.served))
+        if GatewayFallback.HANDLE_MISMATCH in failures:
+            unknown = any(h not in session.handles for m in canon for h in m.handles)
+            return (
+                None,
+                GatewayFallback.UNKNOWN_HANDLE if unknown else GatewayFallback.HANDLE_MISMATCH,
+            )
         if GatewayFallback.THINKING_DROPPED in failures:
             return None, GatewayFallback.THINKING_DROPPED
         if session.lost is not None:
@@ -568,33 +574,25 @@ def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _check_handles(session: Session, canon: list[CanonicalMessage]) -> GatewayFallback | None:
-    """Why the request's handles cannot be trusted, or None when each names a turn of this
-    session and comes back on that turn's reply, unchanged.
-
-    Handles are random and kept per session, so one that is not there was made up, altered,
-    or minted for another session; one on a different message is a tampered replay. Either
-    way the request is served as a new branch, rendered from what it says.
-    """
-    for message in canon:
-        named = [session.handles.get(h) for h in message.handles]
-        if any(n is None for n in named):
-            return GatewayFallback.UNKNOWN_HANDLE
-        turns = {n for n in named if n is not None}
-        if len(turns) > 1 or any(not message.matches_served(reply) for _, reply in turns):
-            return GatewayFallback.HANDLE_MISMATCH
-    return None
-
-
 def _extension_failure(
     canon: list[CanonicalMessage], served: list[CanonicalMessage]
 ) -> GatewayFallback | None:
-    """Why `canon` does not extend `served`, or None when it does."""
+    """Why `canon` does not extend `served`, or None when it does.
+
+    A replayed handle must be the one served at its place (the gateway's own on a turn it
+    sampled, or what the agent sent there before): a handle on a changed message, or another
+    handle on a served one, is `HANDLE_MISMATCH`, never trusted. A message that carries none
+    is compared by its content alone.
+    """
     for asked, given in zip(canon, served, strict=False):
         if not asked.matches_served(given):
             if asked.drops_reasoning_of(given):
                 return GatewayFallback.THINKING_DROPPED
+            if asked.handles:
+                return GatewayFallback.HANDLE_MISMATCH
             return GatewayFallback.HISTORY_EDITED
+        if not _same_handles(asked, given):
+            return GatewayFallback.HANDLE_MISMATCH
     if len(canon) <= len(served):
         return GatewayFallback.HISTORY_EDITED
     if any(m.role == "assistant" for m in canon[len(served) :]):
@@ -606,4 +604,11 @@ def _is_retry(canon: list[CanonicalMessage], served: list[CanonicalMessage]) -> 
     """Whether `canon` is the request that `served`'s last reply answered, sent again."""
     if len(canon) != len(served) - 1 or served[-1].role != "assistant":
         return False
-    return all(a.matches_served(s) for a, s in zip(canon, served, strict=False))
+    return all(
+        a.matches_served(s) and _same_handles(a, s) for a, s in zip(canon, served, strict=False)
+    )
+
+
+def _same_handles(asked: CanonicalMessage, served: CanonicalMessage) -> bool:
+    """Whether a message replays the handles served at its place (or carries none)."""
+    return not asked.handles or set(asked.handles) == set(served.handles)

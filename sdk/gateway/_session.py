@@ -10,7 +10,7 @@ agent did not see.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -160,9 +160,9 @@ class Session:
     ill_formed: int = 0
     responses: dict[str, list[Any]] = field(default_factory=dict)
     """The conversation of each recent Responses reply, for `previous_response_id`."""
-    handles: dict[str, tuple[int, CanonicalMessage]] = field(default_factory=dict)
+    handles: dict[str, int] = field(default_factory=dict)
     """Minted handles (thinking signatures, reasoning encrypted_content) -> the turn they
-    name and the reply it served."""
+    name."""
     records: dict[int, TurnRecord] = field(default_factory=dict)
     """The most recent `MAX_RESTORABLE` turns, by index, for branching off them."""
     slots: anyio.CapacityLimiter = field(
@@ -176,7 +176,9 @@ class Session:
         """Record a turn whose reply was sent, and keep its tokens for the next prompt."""
         k = len(self.turns)
         if prepared.handle is not None:
-            self.handles[prepared.handle] = (k, prepared.served[-1])
+            self.handles[prepared.handle] = k
+            # The reply as served carries its handle: a replay must bring back this one.
+            prepared.served[-1] = replace(prepared.served[-1], handles=(prepared.handle,))
         self.turns.append(prepared.turn)
         self.messages = [*prepared.messages, prepared.reply]
         self.records[k] = TurnRecord(

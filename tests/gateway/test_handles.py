@@ -122,9 +122,15 @@ async def test_forged_tampered_and_foreign_handles_start_recorded_branches(
             "thinking edited": {**thinking, "thinking": "look second"},
             "genuine": thinking,
         }
-        for thought in cases.values():
-            reply = await ask(replayed(thought))
-            assert reply.stop_reason == "tool_use"  # served, never an error
+        replies = {}
+        for name, thought in cases.items():
+            replies[name] = await ask(replayed(thought))
+            assert replies[name].stop_reason == "tool_use"  # served, never an error
+        # The agent goes on along its made-up branch: that branch is extended as usual (the
+        # forged block is now history the gateway rendered from text, not a turn it sampled).
+        made_up = replies["made up"]
+        reply = {"role": "assistant", "content": [b.model_dump() for b in made_up.content]}
+        await ask([*replayed(cases["made up"]), reply, result(made_up.content[1].id, "b")])
         trajectory = await stack.gateway.finish_session(key)
 
     turns = trajectory.turns
@@ -132,11 +138,13 @@ async def test_forged_tampered_and_foreign_handles_start_recorded_branches(
     assert [t.fallback for t in turns[1:5]] == reasons
     assert not any(t.extends for t in turns[1:5])
     assert turns[5].fallback is None and turns[5].extends and turns[5].parent == 0
+    assert turns[6].fallback is None and turns[6].extends and turns[6].parent == 1
     assert trajectory.metrics["fallback.unknown_handle"] == 3
     assert trajectory.metrics["fallback.handle_mismatch"] == 1
     engine = stack.engine
-    assert [t.completion_ids for t in turns] == [engine.sampled(k)[0] for k in (0, 2, 3, 4, 5, 6)]
-    for k, n in zip(range(len(turns)), (0, 2, 3, 4, 5, 6), strict=True):
+    answered = (0, 2, 3, 4, 5, 6, 7)  # answer 1 went to the other session
+    assert [t.completion_ids for t in turns] == [engine.sampled(n)[0] for n in answered]
+    for k, n in enumerate(answered):
         assert trajectory.prompt_ids(k) == engine.requests[n]["prompt"]
     # What an untrusted branch rendered is what the agent sent, thinking as written.
     assert "look second" in qwen3_tokenizer.decode(trajectory.prompt_ids(4))
