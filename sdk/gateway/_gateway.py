@@ -580,15 +580,15 @@ def _extension_failure(
     """Why `canon` does not extend `served`, or None when it does.
 
     A replayed handle must be the one served at its place (the gateway's own on a turn it
-    sampled, or what the agent sent there before): a handle on a changed message, or another
-    handle on a served one, is `HANDLE_MISMATCH`, never trusted. A message that carries none
-    is compared by its content alone.
+    sampled, or what the agent sent there before): the served handle on a changed message,
+    or another handle on the served message, is `HANDLE_MISMATCH`, never trusted. A message
+    that carries none is compared by its content alone.
     """
     for asked, given in zip(canon, served, strict=False):
         if not asked.matches_served(given):
             if asked.drops_reasoning_of(given):
                 return GatewayFallback.THINKING_DROPPED
-            if asked.handles:
+            if set(asked.handles) & set(given.handles):
                 return GatewayFallback.HANDLE_MISMATCH
             return GatewayFallback.HISTORY_EDITED
         if not _same_handles(asked, given):
