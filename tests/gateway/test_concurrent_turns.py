@@ -14,6 +14,8 @@ import pytest
 from conftest import gateway_stack
 from test_anthropic import client_for
 
+from plies.gateway._session import MAX_TURNS_IN_FLIGHT
+
 pytestmark = pytest.mark.anyio
 
 HOLD_S = 0.5
@@ -136,3 +138,24 @@ async def test_finishing_a_session_settles_or_cuts_off_every_turn_in_flight(
         assert cut.turns == [] and 4.5 < waited < 7.5
         assert len(errors) == 2
         assert all(isinstance(e, anthropic.AuthenticationError) for e in errors), errors
+
+
+async def test_turns_in_flight_per_session_are_bounded(policy_server, qwen3_tokenizer):
+    n = MAX_TURNS_IN_FLIGHT + 2
+    async with gateway_stack(policy_server, qwen3_tokenizer) as stack:
+        key = await stack.gateway.create_session("flood")
+        client = client_for(stack, key)
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                ids = qwen3_tokenizer.encode(f"answer {i}<|im_end|>", add_special_tokens=False)
+                stack.engine.queue(ids, delay=2.0)
+                messages = [{"role": "user", "content": f"agent {i}"}]
+                tg.start_soon(
+                    lambda m=messages: client.messages.create(model="m", max_tokens=8, messages=m)
+                )
+        trajectory = await stack.gateway.finish_session(key)
+    spans = stack.engine.exchanges
+    most = max(sum(1 for y in spans if y.arrived <= x.arrived < y.left) for x in spans)
+    assert most == MAX_TURNS_IN_FLIGHT  # the rest waited for a slot, and were then served
+    assert len(trajectory.turns) == n
+    assert_recorded_by_answer(trajectory, stack.engine)
