@@ -240,8 +240,8 @@ class _TurnResponse(Response):
             with contextlib.suppress(Exception):  # the client may be gone already
                 await send(_body(self.dialect.error_record(failure), more=False))
 
-    async def _serve(self, session: Session, receive: Receive, send: Send) -> bool:
-        """Returns whether the reply was delivered (and the turn committed)."""
+    async def _serve(self, session: Session, receive: Receive, send: Send) -> None:
+        """Sample, send and commit; a turn not delivered releases what it took."""
         gone = opened = False
         failure: Exception | None = None
         prepared: PreparedTurn | None = None
@@ -304,13 +304,13 @@ class _TurnResponse(Response):
         if prepared is None:  # `prepare` released what it took
             if failure is not None:
                 raise failure
-            return False
+            return
         committed = False
         try:
             if failure is not None:
                 raise failure
             if gone:
-                return False
+                return
             await send(messages[-1])
             session.commit(prepared)
             committed = True
@@ -319,7 +319,6 @@ class _TurnResponse(Response):
                 session.lose(prepared.taken)
         session.dropped_tools.update(self.dialect.dropped_tools)
         self.dialect.committed(session, prepared)
-        return True
 
     def _messages(self, prepared: PreparedTurn, opened: bool) -> list[Message]:
         """The ASGI messages of the reply; the last one completes it."""

@@ -457,6 +457,7 @@ class Gateway(AsyncLifecycle):
         path that would otherwise have been a full render."""
         record = session.records[k]
         turn = session.turns[k]
+        # The trajectory's own rebuild from the stored deltas, over the turns so far.
         prompt = Trajectory.model_construct(turns=session.turns).prompt_ids(k)
         conversation = self.renderer.resume(
             record.messages,
