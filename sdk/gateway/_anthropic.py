@@ -148,7 +148,7 @@ def _user(content: Any, i: int) -> list[RequestMessage]:
 def _assistant(content: Any, i: int) -> RequestMessage:
     param = f"messages.{i}.content"
     if isinstance(content, str):
-        return RequestMessage(role="assistant", content=content)
+        return RequestMessage(role="assistant", content=content, reasoning_content="")
     if not isinstance(content, list):
         raise _fail("content must be a string or a list of blocks", param)
     texts: list[str] = []
