@@ -10,7 +10,9 @@ The request becomes the gateway's internal chat request:
 - User `text` blocks become one user message (joined by a newline); `tool_result` blocks
   become tool messages, before it; an `is_error` result is prefixed `Error: `.
 - Assistant `text`, `tool_use` and `thinking` blocks become one assistant message with
-  content, tool calls and reasoning; `redacted_thinking` carries nothing plies can render.
+  content, tool calls and reasoning; a thinking block's `signature` is looked up as a handle
+  the gateway minted (see `Gateway.prepare`); an assistant message with no thinking block
+  dropped its thinking on purpose. `redacted_thinking` carries nothing plies can render.
 - Images and documents are refused in one clear error; `tool_choice` `any` or `tool` is
   refused (the gateway samples the policy as it is and cannot force a call); tools with a
   `type` other than `custom` (Anthropic's server tools) are dropped and counted.
@@ -37,7 +39,7 @@ from .._exceptions import GatewayRequestError
 from ._chat import Dialect, text_pieces
 from ._errors import classify, validation_error
 from ._schemas import ChatCompletionRequest, FunctionSpec, RequestMessage, ToolSpec
-from ._session import PreparedTurn, Session
+from ._session import MAX_HANDLE_CHARS, PreparedTurn, Session
 
 __all__ = ["BILLING_HEADER_PREFIX", "AnthropicDialect"]
 
@@ -146,11 +148,12 @@ def _user(content: Any, i: int) -> list[RequestMessage]:
 def _assistant(content: Any, i: int) -> RequestMessage:
     param = f"messages.{i}.content"
     if isinstance(content, str):
-        return RequestMessage(role="assistant", content=content)
+        return RequestMessage(role="assistant", content=content, reasoning_content="")
     if not isinstance(content, list):
         raise _fail("content must be a string or a list of blocks", param)
     texts: list[str] = []
     thinking: list[str] = []
+    handles: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
@@ -158,6 +161,9 @@ def _assistant(content: Any, i: int) -> RequestMessage:
             texts += _texts([block], param)
         elif kind == "thinking":
             thinking.append(str(block.get("thinking", "")))
+            signature = block.get("signature")
+            if isinstance(signature, str) and signature:
+                handles.append(signature[:MAX_HANDLE_CHARS])
         elif kind == "redacted_thinking":
             continue
         elif kind == "tool_use":
@@ -168,14 +174,17 @@ def _assistant(content: Any, i: int) -> RequestMessage:
             calls.append({"id": block.get("id"), "type": "function", "function": fn})
         else:
             raise _unsupported(kind, f"{param}.{j}")
-    return RequestMessage.model_validate(
+    message = RequestMessage.model_validate(
         {
             "role": "assistant",
             "content": "".join(texts),
             "tool_calls": calls or None,
-            "reasoning_content": "".join(thinking) if thinking else None,
+            # No thinking block means the agent dropped it: "" (not None) says so.
+            "reasoning_content": "".join(thinking),
         }
     )
+    message._handles = tuple(handles)
+    return message
 
 
 def _tools(tools: list[dict[str, Any]] | None, dropped: Any) -> list[ToolSpec] | None:

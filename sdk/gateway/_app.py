@@ -225,13 +225,7 @@ class _TurnResponse(Response):
         failure: Exception | None = None
         try:
             async with self.gateway.turn(self.key) as session:
-                try:
-                    delivered = await self._serve(session, receive, send_tracked)
-                except Exception:
-                    session.lose_conversation()
-                    raise
-                if not delivered:
-                    session.lose_conversation()
+                await self._serve(session, receive, send_tracked)
         except Exception as exc:
             failure = exc
         if not started:
@@ -246,8 +240,8 @@ class _TurnResponse(Response):
             with contextlib.suppress(Exception):  # the client may be gone already
                 await send(_body(self.dialect.error_record(failure), more=False))
 
-    async def _serve(self, session: Session, receive: Receive, send: Send) -> bool:
-        """Returns whether the reply was delivered (and the turn committed)."""
+    async def _serve(self, session: Session, receive: Receive, send: Send) -> None:
+        """Sample, send and commit; a turn not delivered releases what it took."""
         gone = opened = False
         failure: Exception | None = None
         prepared: PreparedTurn | None = None
@@ -307,15 +301,24 @@ class _TurnResponse(Response):
                 except Exception as exc:  # re-raised below, outside the task group
                     failure = exc
             tg.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-        if gone or prepared is None:
-            return False
-        await send(messages[-1])
-        session.commit(prepared)
+        if prepared is None:  # `prepare` released what it took
+            if failure is not None:
+                raise failure
+            return
+        committed = False
+        try:
+            if failure is not None:
+                raise failure
+            if gone:
+                return
+            await send(messages[-1])
+            session.commit(prepared)
+            committed = True
+        finally:
+            if not committed:
+                session.lose(prepared.taken)
         session.dropped_tools.update(self.dialect.dropped_tools)
         self.dialect.committed(session, prepared)
-        return True
 
     def _messages(self, prepared: PreparedTurn, opened: bool) -> list[Message]:
         """The ASGI messages of the reply; the last one completes it."""

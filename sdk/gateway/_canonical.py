@@ -15,6 +15,7 @@ costs string work proportional to the request and no tokenization.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +38,11 @@ class CanonicalMessage:
         tool_call_ref: for a tool result, the ordinal of the call it answers within the
             conversation (ids are client-chosen), or the raw id if no call has it.
         name: the optional participant name.
-        reasoning: assistant reasoning, or None when the client left it out.
+        reasoning: assistant reasoning; None when the client may have left it out (a chat
+            client), "" when it sent the turn without any (a Messages or Responses client,
+            where thinking is a block the agent keeps or drops on purpose).
+        handles: the handles replayed with the turn's thinking (never compared: the gateway
+            looks them up in its session).
     """
 
     role: str
@@ -46,14 +51,17 @@ class CanonicalMessage:
     tool_call_ref: int | str | None = None
     name: str | None = None
     reasoning: str | None = None
+    handles: tuple[str, ...] = ()
 
     def matches_served(self, served: CanonicalMessage) -> bool:
         """Whether this (requested) message is the served one, reformatted at most.
 
-        A client that drops the reasoning the gateway served still matches: the sampled
-        tokens, reasoning included, are what the next prompt extends.
+        A chat client that leaves the reasoning field out still matches: the sampled
+        tokens, reasoning included, are what the next prompt extends. A turn sent with no
+        thinking at all (`reasoning == ""`) where the served one had some does not: the agent
+        dropped it, and the model must not see it (`drops_reasoning_of`).
         """
-        if self.reasoning is not None and self.reasoning != served.reasoning:
+        if self.reasoning is not None and self.reasoning != (served.reasoning or ""):
             return False
         return (
             self.role == served.role
@@ -62,6 +70,13 @@ class CanonicalMessage:
             and self.tool_call_ref == served.tool_call_ref
             and self.name == served.name
         )
+
+    def drops_reasoning_of(self, served: CanonicalMessage) -> bool:
+        """Whether this message is the served one with its thinking dropped (as Claude Code
+        drops the thinking of older turns)."""
+        if self.reasoning != "" or not served.reasoning:
+            return False
+        return dataclasses.replace(self, reasoning=None).matches_served(served)
 
 
 def canonical_arguments(arguments: str | dict[str, Any]) -> str:
@@ -100,6 +115,7 @@ def canonicalise(messages: Sequence[RequestMessage]) -> list[CanonicalMessage]:
                     tool_calls=_calls(m.tool_calls),
                     name=m.name,
                     reasoning=reasoning.strip() if reasoning is not None else None,
+                    handles=m._handles,
                 )
             )
         elif role == "tool":

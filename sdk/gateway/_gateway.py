@@ -186,13 +186,19 @@ class Gateway(AsyncLifecycle):
         del self._sessions[key]
         session.state = state
         with anyio.move_on_after(self.settle_timeout) as waited:
-            await session.lock.acquire()
+            while session.in_flight:
+                await session.settled.wait()
         if waited.cancelled_caught:
-            if session.in_flight is not None:
-                session.in_flight.cancel()
-            log.warning("session %s: a turn in flight was cut off at %s", session.task_id, state)
-            await session.lock.acquire()
-        session.lock.release()
+            for scope in session.in_flight:
+                scope.cancel()
+            log.warning(
+                "session %s: %d turn(s) in flight cut off at %s",
+                session.task_id,
+                len(session.in_flight),
+                state,
+            )
+            while session.in_flight:
+                await session.settled.wait()
         return session
 
     def session(self, key: str) -> Session:
@@ -217,7 +223,9 @@ class Gateway(AsyncLifecycle):
     def mint_handle(self, session: Session, prepared: PreparedTurn) -> str:
         """The opaque handle of a sampled turn, minted once: a thinking block's `signature`
         or a reasoning item's `encrypted_content`. It names the turn's stored ids in this
-        session (`Session.handles`) and means nothing anywhere else."""
+        session (`Session.handles`, from commit on) and means nothing anywhere else: a
+        request replaying it is served from those ids (`prepare`), and a handle the session
+        does not hold is never trusted."""
         if prepared.handle is None:
             prepared.handle = HANDLE_PREFIX + secrets.token_urlsafe(18)
         return prepared.handle
@@ -226,21 +234,28 @@ class Gateway(AsyncLifecycle):
 
     @asynccontextmanager
     async def turn(self, key: str) -> AsyncIterator[Session]:
-        """Hold a session for one turn: one turn at a time, cancellable by finish or drop.
+        """Hold a session for one turn, cancellable by finish or drop.
+
+        Turns of one session run concurrently (sub-agents, parallel requests of one agent),
+        up to `MAX_TURNS_IN_FLIGHT`; each extends a branch no other turn in flight holds.
 
         Raises:
             GatewaySessionError: the key is not (or no longer) an open session.
         """
         session = self.session(key)
-        async with session.lock:
+        async with session.slots:
             if session.state is not SessionState.OPEN:
                 raise GatewaySessionError(_UNKNOWN_KEY)
             with anyio.CancelScope() as scope:
-                session.in_flight = scope
+                if not session.in_flight:
+                    session.settled = anyio.Event()
+                session.in_flight.add(scope)
                 try:
                     yield session
                 finally:
-                    session.in_flight = None
+                    session.in_flight.discard(scope)
+                    if not session.in_flight:
+                        session.settled.set()
 
     async def prepare(
         self,
@@ -254,7 +269,14 @@ class Gateway(AsyncLifecycle):
         """Build the prompt, sample and parse one turn; nothing is recorded yet.
 
         The caller holds `turn(key)`. On success it sends the reply and calls
-        `session.commit`; on any failure it calls `session.lose_conversation()`.
+        `session.commit`, or `session.lose(prepared.taken)` if the reply did not go out; a
+        failure in here releases what the turn took.
+
+        Where the prompt starts (`_continue`): the live branch tip whose served messages the
+        request extends (the longest); else, as a sibling, a tip a turn in flight holds, or
+        the latest turn whose handle the request replays (a thinking `signature`, a reasoning
+        item), restored from its stored ids (`ChatRenderer.resume`); else a full render, a
+        new branch, with the reason.
 
         Args:
             on_prompt: told (prompt tokens, of which reused from the stored prefix) once the
@@ -274,111 +296,178 @@ class Gateway(AsyncLifecycle):
         messages = template_messages(request.messages)
         tools = request.tool_dicts()
 
-        branch, fallback = self._continue(session, canon, take=True)
-        # The branch's conversation is mutated below; if this turn is not committed, the
-        # session must not extend it again (`lose_conversation`).
-        session.taken = branch
-        if branch is None:
-            session.n_branches += 1
-            name = branch_name or f"branch-{session.n_branches}"
-            conversation = self.renderer.start(messages, tools=tools)
+        start, fallback = self._continue(session, canon, take=True)
+        # A taken tip's conversation is mutated below; if this turn is not committed, the
+        # session must not extend it again (`Session.lose`).
+        taken = start if isinstance(start, Branch) else None
+        if isinstance(start, Branch):
+            name, parent = branch_name or start.name, start.last
         else:
-            name = branch_name or branch.name
-            conversation = self._advance(branch.conversation, messages, len(branch.served), tools)
-        prompt_ids = await conversation.arender()
-        n_prompt = len(prompt_ids)  # a live list: add_completion extends it in place
-        delta = conversation.delta
-        cached = n_prompt - len(delta.ids) if delta.extends else 0
-        if delta.fallback is not None:
-            fallback = delta.fallback.reason
-        if on_prompt is not None:
-            on_prompt(n_prompt, cached)
+            session.n_branches += 1
+            name, parent = branch_name or f"branch-{session.n_branches}", start
+        sampled = False
+        try:
+            conversation = await self._conversation(session, start, messages, tools, fork=False)
+            prompt_ids = await conversation.arender()
+            n_prompt = len(prompt_ids)  # a live list: add_completion extends it in place
+            delta = conversation.delta
+            cached = n_prompt - len(delta.ids) if delta.extends else 0
+            if delta.fallback is not None:
+                fallback = delta.fallback.reason
+            if on_prompt is not None:
+                on_prompt(n_prompt, cached)
 
-        started = time.time()
-        completion = await self.sampler.sample(
-            prompt_ids, params, policy=self.policy, session=session.key
-        )
-        latency = time.time() - started
-        completion, stop_sequence = await self._cut_at_stop(completion, stops)
-        parsed = conversation.add_completion(completion.ids, completion.finish_reason)
-        auxiliary = auxiliary or request.model in self.auxiliary_models
-        if auxiliary and self.train_auxiliary:
-            auxiliary, name = False, "auxiliary"
+            started = time.time()
+            completion = await self.sampler.sample(
+                prompt_ids, params, policy=self.policy, session=session.key
+            )
+            latency = time.time() - started
+            completion, stop_sequence = await self._cut_at_stop(completion, stops)
+            parsed = conversation.add_completion(completion.ids, completion.finish_reason)
+            auxiliary = auxiliary or request.model in self.auxiliary_models
+            if auxiliary and self.train_auxiliary:
+                auxiliary, name = False, "auxiliary"
 
-        reply = self._reply(parsed, completion.ids, request, stop_sequence)
-        turn = Turn.from_completion(
-            delta,
-            completion,
-            message=reply,
-            ill_formed=parsed.ill_formed,
-            fallback=None if fallback is None else str(fallback),
-            started_at=started,
-            latency_s=latency,
-            parent=branch.last if branch is not None and delta.extends else None,
-            branch=name,
-            auxiliary=auxiliary,
-        )
-        served = [*canon, *canonicalise([RequestMessage.model_validate(reply)])]
-        finish = "length" if completion.finish_reason == "length" else "stop"
-        if reply.get("tool_calls"):
-            finish = "tool_calls"
-        return PreparedTurn(
-            turn=turn,
-            reply=reply,
-            finish_reason=finish,
-            prompt_tokens=n_prompt,
-            served=served,
-            messages=messages,
-            conversation=conversation,
-            tools=tools,
-            cached_tokens=cached,
-            reasoning_tokens=self._reasoning_tokens(completion.ids, parsed),
-            stop_sequence=stop_sequence,
-            branch=name,
-        )
+            reply = self._reply(parsed, completion.ids, request, stop_sequence)
+            turn = Turn.from_completion(
+                delta,
+                completion,
+                message=reply,
+                ill_formed=parsed.ill_formed,
+                fallback=None if fallback is None else str(fallback),
+                started_at=started,
+                latency_s=latency,
+                parent=parent if delta.extends else None,
+                branch=name,
+                auxiliary=auxiliary,
+            )
+            served = [*canon, *canonicalise([RequestMessage.model_validate(reply)])]
+            finish = "length" if completion.finish_reason == "length" else "stop"
+            if reply.get("tool_calls"):
+                finish = "tool_calls"
+            prepared = PreparedTurn(
+                turn=turn,
+                reply=reply,
+                finish_reason=finish,
+                prompt_tokens=n_prompt,
+                served=served,
+                messages=messages,
+                conversation=conversation,
+                tools=tools,
+                cached_tokens=cached,
+                reasoning_tokens=self._reasoning_tokens(completion.ids, parsed),
+                stop_sequence=stop_sequence,
+                branch=name,
+                assistant=conversation.messages[-1],
+            )
+            prepared.taken = taken
+            sampled = True
+            return prepared
+        finally:
+            if not sampled:
+                session.lose(taken)
 
     async def count_tokens(self, session: Session, request: ChatCompletionRequest) -> int:
         """The length of the prompt `prepare` would send for `request`, sampling nothing.
 
-        The caller holds `turn(key)`. The session's conversation is copied, never advanced,
-        so counting leaves the next turn's prompt exactly as it was.
+        The caller holds `turn(key)`. The session's conversation is copied (or a stored turn
+        restored), never advanced, so counting leaves the next turn's prompt as it was.
         """
         canon = canonicalise(request.messages)
         messages = template_messages(request.messages)
         tools = request.tool_dicts()
-        branch, _ = self._continue(session, canon, take=False)
-        if branch is None:
-            conversation = self.renderer.start(messages, tools=tools)
-        else:
-            forked = branch.conversation.fork()
-            conversation = self._advance(forked, messages, len(branch.served), tools)
+        start, _ = self._continue(session, canon, take=False)
+        conversation = await self._conversation(session, start, messages, tools, fork=True)
         return len(await conversation.arender())
+
+    async def _conversation(
+        self,
+        session: Session,
+        start: Branch | int | None,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        fork: bool,
+    ) -> Any:
+        """The conversation whose next prompt answers the request: a new one, the live tip
+        advanced (a copy of it with `fork`), or a stored turn restored and advanced."""
+        if start is None:
+            return self.renderer.start(messages, tools=tools)
+        if isinstance(start, Branch):
+            conversation = start.conversation.fork() if fork else start.conversation
+            return self._advance(conversation, messages, len(start.served), tools)
+        return await self._restore(session, start, messages, tools)
 
     def _continue(
         self, session: Session, canon: list[CanonicalMessage], *, take: bool
-    ) -> tuple[Branch | None, GatewayFallback | None]:
-        """The branch this request extends (the longest that matches), or why none does.
+    ) -> tuple[Branch | int | None, GatewayFallback | None]:
+        """Where the request's prompt starts, or why it starts afresh.
 
-        Costs string work over the request per live branch, never a tokenization. With
-        `take`, the branch leaves the live set: the turn mutates its conversation.
+        Returns a live tip to extend (with `take`, it leaves the live set: the turn mutates
+        its conversation), the index of a stored turn to restore and extend, or None and the
+        reason for a full render. Costs string work over the request per candidate, never a
+        tokenization.
         """
         best: Branch | None = None
         for branch in session.branches:
             longer = best is None or len(branch.served) >= len(best.served)
-            if longer and _extension_failure(canon, branch.served) is None:
+            extends = len(canon) > len(branch.served)  # checked first: the common case
+            if longer and extends and _extension_failure(canon, branch.served) is None:
                 best = branch
         if best is not None:
             if take:
                 session.branches.remove(best)
+                session.busy.append(best)
             return best, None
+        # Siblings: of a tip a turn in flight holds, or of a turn whose handle is replayed.
+        candidates = {b.last for b in session.busy}
+        candidates.update(
+            session.handles[h] for m in canon for h in m.handles if h in session.handles
+        )
+        restorable = [(session.records[k].served, k) for k in candidates if k in session.records]
+        failures = set()
+        for served, k in sorted(restorable, key=lambda c: -len(c[0])):
+            failure = _extension_failure(canon, served)
+            if failure is None:
+                return k, None
+            failures.add(failure)
         for branch in session.branches:
             if _is_retry(canon, branch.served):
                 return None, GatewayFallback.RETRIED
+            failures.add(_extension_failure(canon, branch.served))
+        if GatewayFallback.HANDLE_MISMATCH in failures:
+            unknown = any(h not in session.handles for m in canon for h in m.handles)
+            return (
+                None,
+                GatewayFallback.UNKNOWN_HANDLE if unknown else GatewayFallback.HANDLE_MISMATCH,
+            )
+        if GatewayFallback.THINKING_DROPPED in failures:
+            return None, GatewayFallback.THINKING_DROPPED
         if session.lost is not None:
             return None, session.lost
         if session.turns:
             return None, GatewayFallback.HISTORY_EDITED
         return None, None
+
+    async def _restore(
+        self, session: Session, k: int, messages: list[dict[str, Any]], tools: Any
+    ) -> Any:
+        """A conversation just after stored turn `k`, its ids as stored, extended by the
+        request's messages after the ones served up to `k`'s reply. O(history) once, on a
+        path that would otherwise have been a full render."""
+        record = session.records[k]
+        turn = session.turns[k]
+        # The trajectory's own rebuild from the stored deltas, over the turns so far.
+        prompt = Trajectory.model_construct(turns=session.turns).prompt_ids(k)
+        conversation = self.renderer.resume(
+            record.messages,
+            prompt,
+            turn.completion_ids,
+            finish_reason=turn.finish_reason,
+            message=record.assistant,
+            tools=record.tools,
+        )
+        return self._advance(conversation, messages, len(record.served), tools)
 
     def _advance(
         self, conversation: Any, messages: list[dict[str, Any]], n_served: int, tools: Any
@@ -489,12 +578,24 @@ def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
 def _extension_failure(
     canon: list[CanonicalMessage], served: list[CanonicalMessage]
 ) -> GatewayFallback | None:
-    """Why `canon` does not extend `served`, or None when it does."""
-    if len(canon) <= len(served):
-        return GatewayFallback.HISTORY_EDITED
+    """Why `canon` does not extend `served`, or None when it does.
+
+    A replayed handle must be the one served at its place (the gateway's own on a turn it
+    sampled, or what the agent sent there before): the served handle on a changed message,
+    or another handle on the served message, is `HANDLE_MISMATCH`, never trusted. A message
+    that carries none is compared by its content alone.
+    """
     for asked, given in zip(canon, served, strict=False):
         if not asked.matches_served(given):
+            if asked.drops_reasoning_of(given):
+                return GatewayFallback.THINKING_DROPPED
+            if set(asked.handles) & set(given.handles):
+                return GatewayFallback.HANDLE_MISMATCH
             return GatewayFallback.HISTORY_EDITED
+        if not _same_handles(asked, given):
+            return GatewayFallback.HANDLE_MISMATCH
+    if len(canon) <= len(served):
+        return GatewayFallback.HISTORY_EDITED
     if any(m.role == "assistant" for m in canon[len(served) :]):
         return GatewayFallback.UNSERVED_ASSISTANT
     return None
@@ -504,4 +605,11 @@ def _is_retry(canon: list[CanonicalMessage], served: list[CanonicalMessage]) -> 
     """Whether `canon` is the request that `served`'s last reply answered, sent again."""
     if len(canon) != len(served) - 1 or served[-1].role != "assistant":
         return False
-    return all(a.matches_served(s) for a, s in zip(canon, served, strict=False))
+    return all(
+        a.matches_served(s) and _same_handles(a, s) for a, s in zip(canon, served, strict=False)
+    )
+
+
+def _same_handles(asked: CanonicalMessage, served: CanonicalMessage) -> bool:
+    """Whether a message replays the handles served at its place (or carries none)."""
+    return not asked.handles or set(asked.handles) == set(served.handles)

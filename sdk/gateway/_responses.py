@@ -6,7 +6,9 @@ The request becomes the gateway's internal chat request:
   items. A `message` item (also an item without `type`, as the Agents SDK sends its first
   one) keeps its role (`developer` and `system` are system messages), its `input_text` /
   `output_text` parts joined; `function_call`, `reasoning` and assistant `message` items
-  that follow one another make one assistant turn (its tool calls, reasoning and text);
+  that follow one another make one assistant turn (its tool calls, reasoning and text; a
+  reasoning item's `encrypted_content` and `id` are looked up as handles the gateway
+  minted, and a turn with no reasoning item dropped its reasoning on purpose);
   `function_call_output` becomes a tool message. Images, files and other item kinds are
   refused by name.
 - `previous_response_id` puts the stored conversation of that response (the request's
@@ -38,10 +40,12 @@ from .._exceptions import GatewayRequestError
 from ._chat import Dialect, text_pieces
 from ._errors import classify, validation_error
 from ._schemas import ChatCompletionRequest, FunctionSpec, RequestMessage, ToolSpec
-from ._session import PreparedTurn, Session
+from ._session import MAX_HANDLE_CHARS, PreparedTurn, Session
 
 __all__ = ["MAX_STORED_RESPONSES", "ResponsesDialect"]
 
+REASONING_ID_PREFIX = "rs_"
+"""A reasoning item's id is this + the turn's handle, so an echoed id names the turn too."""
 MAX_STORED_RESPONSES = 64
 """Responses per session that `previous_response_id` can name (the most recent ones)."""
 
@@ -100,20 +104,24 @@ class _Turn:
         self.texts: list[str] = []
         self.calls: list[dict[str, Any]] = []
         self.reasoning: list[str] = []
+        self.handles: list[str] = []
 
     @property
     def has_output(self) -> bool:
         return bool(self.texts or self.calls)
 
     def message(self) -> RequestMessage:
-        return RequestMessage.model_validate(
+        message = RequestMessage.model_validate(
             {
                 "role": "assistant",
                 "content": "".join(self.texts),
                 "tool_calls": self.calls or None,
-                "reasoning_content": "".join(self.reasoning) if self.reasoning else None,
+                # No reasoning item means the agent dropped it: "" (not None) says so.
+                "reasoning_content": "".join(self.reasoning),
             }
         )
+        message._handles = tuple(self.handles)
+        return message
 
 
 def _items(items: str | list[dict[str, Any]]) -> list[RequestMessage]:
@@ -143,6 +151,7 @@ def _items(items: str | list[dict[str, Any]]) -> list[RequestMessage]:
             turn = turn or _Turn()
             parts = item.get("content") or item.get("summary") or []
             turn.reasoning.append(_text(parts, f"{param}.summary"))
+            turn.handles += _handles(item)
         elif kind == "function_call":
             turn = turn or _Turn()
             name, arguments = item.get("name"), item.get("arguments", "{}")
@@ -164,6 +173,18 @@ def _items(items: str | list[dict[str, Any]]) -> list[RequestMessage]:
         else:
             raise _fail(f"input item of type {kind!r} is not supported", f"{param}.type")
     flush()
+    return out
+
+
+def _handles(item: dict[str, Any]) -> list[str]:
+    """The handles a replayed reasoning item carries: its `encrypted_content`, and its `id`
+    (`rs_` + the handle), which an agent that did not ask for encrypted content still echoes."""
+    out = []
+    sealed, id_ = item.get("encrypted_content"), item.get("id")
+    if isinstance(sealed, str) and sealed:
+        out.append(sealed[:MAX_HANDLE_CHARS])
+    if isinstance(id_, str) and id_.startswith(REASONING_ID_PREFIX):
+        out.append(id_.removeprefix(REASONING_ID_PREFIX)[:MAX_HANDLE_CHARS])
     return out
 
 
@@ -250,12 +271,13 @@ class ResponsesDialect(Dialect):
         reply = prepared.reply
         items: list[dict[str, Any]] = []
         if reply.get("reasoning_content"):
+            handle = self.gateway.mint_handle(self.session, prepared)
             items.append(
                 {
                     "type": "reasoning",
-                    "id": f"rs_{uuid.uuid4().hex}",
+                    "id": REASONING_ID_PREFIX + handle,
                     "summary": [{"type": "summary_text", "text": reply["reasoning_content"]}],
-                    "encrypted_content": self.gateway.mint_handle(self.session, prepared),
+                    "encrypted_content": handle,
                 }
             )
         if reply.get("content"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 __all__ = [
     "ChatCompletionRequest",
@@ -84,6 +84,10 @@ class RequestMessage(BaseModel):
     tool_call_id: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
+    _handles: tuple[str, ...] = PrivateAttr(default=())
+    """Handles the client replayed with this assistant message's thinking (an Anthropic
+    `signature`, a Responses reasoning `encrypted_content` or `id`), set by those dialects;
+    never read from a chat request."""
 
     def text(self) -> str:
         """The content as one string: None and "" are the same, text parts are joined."""

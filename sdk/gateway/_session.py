@@ -10,7 +10,7 @@ agent did not see.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -19,7 +19,18 @@ import anyio
 from ..trajectory import Turn
 from ._canonical import CanonicalMessage
 
-__all__ = ["MAX_BRANCHES", "Branch", "GatewayFallback", "PreparedTurn", "Session", "SessionState"]
+__all__ = [
+    "MAX_BRANCHES",
+    "MAX_HANDLE_CHARS",
+    "MAX_RESTORABLE",
+    "MAX_TURNS_IN_FLIGHT",
+    "Branch",
+    "GatewayFallback",
+    "PreparedTurn",
+    "Session",
+    "SessionState",
+    "TurnRecord",
+]
 
 
 class SessionState(StrEnum):
@@ -48,11 +59,27 @@ class GatewayFallback(StrEnum):
     """The previous request failed or its client left, so its tokens were not kept."""
     RETRIED = "retried"
     """The request repeats the one before a served reply (a retry): a sibling branch."""
+    THINKING_DROPPED = "thinking_dropped"
+    """The agent replayed a served turn without the thinking the policy sampled for it (as
+    Claude Code does for older turns): the model now sees a history without it."""
+    UNKNOWN_HANDLE = "unknown_handle"
+    """A replayed thinking signature or reasoning item names no turn of this session (made
+    up, altered, or from another session or provider): nothing in the request is trusted."""
+    HANDLE_MISMATCH = "handle_mismatch"
+    """A handle of this session came back on a message that is not the turn it names (its
+    thinking, text or tool calls changed): nothing in the request is trusted."""
 
 
 MAX_BRANCHES = 64
 """Live branch tips per session; past it the oldest can no longer be extended (a request
 that continues it is rendered in full, as a new branch)."""
+MAX_RESTORABLE = 64
+"""Turns per session (the most recent) a request can branch off by handle or as the sibling
+of a turn in flight; an older turn's handle is still known, but not restored."""
+MAX_TURNS_IN_FLIGHT = 16
+"""Turns of one session sampled at once; further requests on its key wait for a slot."""
+MAX_HANDLE_CHARS = 128
+"""Longest handle looked up; a longer one is cut (and so unknown)."""
 
 
 @dataclass(eq=False)
@@ -64,6 +91,18 @@ class Branch:
     conversation: Any
     last: int
     """Index of the branch's last turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """What it takes to go on from a stored turn without rendering it again: the messages
+    its prompt rendered, the assistant message its completion stands for, its tools, and the
+    canonical messages served up to and including its reply. Its ids are in `Session.turns`."""
+
+    served: list[CanonicalMessage]
+    messages: list[dict[str, Any]]
+    assistant: dict[str, Any]
+    tools: list[dict[str, Any]] | None
 
 
 @dataclass(slots=True)
@@ -87,11 +126,20 @@ class PreparedTurn:
     handle: str | None = None
     """The opaque handle minted for this turn (a thinking signature, an encrypted_content)."""
     branch: str = ""
+    taken: Branch | None = None
+    """The live tip this turn extends, out of the live set until the turn is committed."""
+    assistant: dict[str, Any] = field(default_factory=dict)
+    """The assistant message the renderer parsed from the completion."""
 
 
 @dataclass(eq=False)
 class Session:
-    """The state of one session. Guarded by `lock`: one turn at a time."""
+    """The state of one session.
+
+    Turns run concurrently (up to `MAX_TURNS_IN_FLIGHT`, by `slots`): each takes its branch
+    tip out of `branches` while it samples, so no two turns advance one conversation, and
+    state changes happen between awaits, on one event loop.
+    """
 
     key: str
     task_id: str
@@ -102,7 +150,8 @@ class Session:
     messages: list[dict[str, Any]] = field(default_factory=list)
     branches: list[Branch] = field(default_factory=list)
     """Live branch tips, oldest first; a turn in flight has taken its branch out."""
-    taken: Branch | None = None
+    busy: list[Branch] = field(default_factory=list)
+    """Tips taken out by turns in flight: a request that extends one is their sibling."""
     n_branches: int = 0
     lost: GatewayFallback | None = None
     fallbacks: Counter[str] = field(default_factory=Counter)
@@ -112,35 +161,52 @@ class Session:
     responses: dict[str, list[Any]] = field(default_factory=dict)
     """The conversation of each recent Responses reply, for `previous_response_id`."""
     handles: dict[str, int] = field(default_factory=dict)
-    """Minted handles (thinking signatures, reasoning encrypted_content) -> turn index."""
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    in_flight: anyio.CancelScope | None = None
+    """Minted handles (thinking signatures, reasoning encrypted_content) -> the turn they
+    name."""
+    records: dict[int, TurnRecord] = field(default_factory=dict)
+    """The most recent `MAX_RESTORABLE` turns, by index, for branching off them."""
+    slots: anyio.CapacityLimiter = field(
+        default_factory=lambda: anyio.CapacityLimiter(MAX_TURNS_IN_FLIGHT)
+    )
+    in_flight: set[anyio.CancelScope] = field(default_factory=set)
+    settled: anyio.Event = field(default_factory=anyio.Event)
+    """Set when the last turn in flight ends; a new one is made when a turn starts."""
 
     def commit(self, prepared: PreparedTurn) -> None:
         """Record a turn whose reply was sent, and keep its tokens for the next prompt."""
+        k = len(self.turns)
         if prepared.handle is not None:
-            self.handles[prepared.handle] = len(self.turns)
+            self.handles[prepared.handle] = k
+            # The reply as served carries its handle: a replay must bring back this one.
+            prepared.served[-1] = replace(prepared.served[-1], handles=(prepared.handle,))
         self.turns.append(prepared.turn)
         self.messages = [*prepared.messages, prepared.reply]
-        tip = Branch(prepared.branch, prepared.served, prepared.conversation, len(self.turns) - 1)
-        self.branches.append(tip)
+        self.records[k] = TurnRecord(
+            prepared.served, prepared.messages, prepared.assistant, prepared.tools
+        )
+        self.records.pop(k - MAX_RESTORABLE, None)
+        self._release(prepared.taken)
+        self.branches.append(Branch(prepared.branch, prepared.served, prepared.conversation, k))
         del self.branches[:-MAX_BRANCHES]
-        self.taken = None
         self.lost = None
         if prepared.turn.fallback is not None:
             self.fallbacks[prepared.turn.fallback] += 1
         self.ill_formed += prepared.turn.ill_formed
 
-    def lose_conversation(self) -> None:
+    def lose(self, taken: Branch | None) -> None:
         """Forget the branch a turn took out when the turn was not delivered.
 
         Its conversation object may already hold the lost turn's messages and tokens, so it
         cannot be extended again; the next request that would have renders in full and
-        says why. Other branches are untouched.
+        says why. Other branches are untouched. Safe to call twice.
         """
-        if self.taken is not None or self.turns:
+        if self.turns:
             self.lost = GatewayFallback.REPLY_NOT_DELIVERED
-        self.taken = None
+        self._release(taken)
+
+    def _release(self, taken: Branch | None) -> None:
+        if taken is not None and taken in self.busy:
+            self.busy.remove(taken)
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {

@@ -149,6 +149,39 @@ class ChatRenderer:
         """
         return Conversation(self, messages, self.tools if tools is None else tool_schemas(tools))
 
+    def resume(
+        self,
+        messages: Sequence[dict[str, Any]],
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        *,
+        finish_reason: str,
+        message: dict[str, Any],
+        tools: Sequence[Any] | None = None,
+    ) -> Conversation:
+        """A conversation standing just after a stored turn, its ids taken as given.
+
+        Why: a capture gateway branches off a stored turn (a sibling of a turn in flight, a
+        thinking block replayed with its handle) and must go on from the ids the policy saw
+        and sampled; rendering `messages` again would change them wherever the template
+        rewrites history, and would cost O(history). Nothing is rendered or tokenized here;
+        the next prompt is `prompt_ids + completion_ids` + a delta, as after `add_completion`.
+
+        Args:
+            messages: the messages `prompt_ids` is the render of.
+            prompt_ids: the stored prompt of that turn.
+            completion_ids: what was sampled for it, stop token included.
+            finish_reason: as for `add_completion`.
+            message: the assistant message the completion stands for.
+            tools: the tools of that turn, overriding the renderer's.
+        """
+        conversation = self.start(messages, tools=tools)
+        conversation._prompt = list(prompt_ids)
+        conversation._delta = PromptDelta(list(prompt_ids), False)
+        conversation._dirty = False
+        conversation.add_completion(completion_ids, finish_reason, message=message)
+        return conversation
+
     def template(
         self, tools: list[dict[str, Any]] | None, system: dict[str, Any] | None
     ) -> Template:

@@ -11,6 +11,7 @@ trajectory against exactly what the engine answered.
 from __future__ import annotations
 
 import socket
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -57,6 +58,18 @@ TOOLS = [
 
 
 @dataclass
+class Exchange:
+    """One request the engine answered: the prompt, the sampled ids and logprobs, and when
+    it arrived and when its answer left (monotonic seconds)."""
+
+    prompt: list[int]
+    ids: list[int]
+    logprobs: list[float]
+    arrived: float
+    left: float
+
+
+@dataclass
 class Engine:
     """What the recording engine answered, and the completions queued for it to script."""
 
@@ -64,6 +77,10 @@ class Engine:
     script: deque[tuple[list[int], str, float]] = field(default_factory=deque)
     requests: list[dict[str, Any]] = field(default_factory=list)
     answers: list[dict[str, Any]] = field(default_factory=list)
+    exchanges: list[Exchange] = field(default_factory=list)
+    """Each answered request with its answer and when it was served, in answering order
+    (`requests` and `answers` are each in their own order, which concurrent requests
+    can make differ)."""
 
     def queue(self, ids: list[int], finish: str = "stop", delay: float = 0.0) -> None:
         self.script.append((ids, finish, delay))
@@ -94,6 +111,7 @@ async def recording_engine(upstream: str) -> AsyncIterator[Engine]:
     async with httpx.AsyncClient(base_url=upstream, timeout=120) as client:
 
         async def completions(request: Request) -> JSONResponse:
+            arrived = time.monotonic()
             body = await request.json()
             engine.requests.append(body)
             if engine.script:
@@ -116,6 +134,16 @@ async def recording_engine(upstream: str) -> AsyncIterator[Engine]:
                 resp.raise_for_status()
                 answer = resp.json()
             engine.answers.append(answer)
+            choice = answer["choices"][0]
+            engine.exchanges.append(
+                Exchange(
+                    body["prompt"],
+                    choice["token_ids"],
+                    choice["logprobs"]["token_logprobs"],
+                    arrived,
+                    time.monotonic(),
+                )
+            )
             return JSONResponse(answer)
 
         app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])

@@ -111,3 +111,21 @@ def test_requests_are_validated_with_a_named_field():
         ChatCompletionRequest.model_validate({"messages": []})
     with pytest.raises(ValidationError):
         ChatCompletionRequest.model_validate({"messages": [{"role": "robot", "content": "x"}]})
+
+
+def test_a_turn_sent_without_its_thinking_drops_it_a_missing_field_does_not():
+    served = canonicalise(SERVED)[1]
+    calls = SERVED[1].model_dump()["tool_calls"]
+    left_out, without, edited = canonicalise(
+        msgs(
+            {"role": "assistant", "content": None, "tool_calls": calls},  # a chat client
+            {"role": "assistant", "content": None, "tool_calls": calls, "reasoning_content": ""},
+            {"role": "assistant", "content": None, "tool_calls": calls, "reasoning": "other"},
+        )
+    )
+    assert left_out.matches_served(served) and not left_out.drops_reasoning_of(served)
+    assert not without.matches_served(served) and without.drops_reasoning_of(served)
+    assert not edited.matches_served(served) and not edited.drops_reasoning_of(served)
+    plain = canonicalise(msgs({"role": "assistant", "content": "hi", "reasoning_content": ""}))
+    served_plain = canonicalise(msgs({"role": "assistant", "content": "hi"}))
+    assert plain[0].matches_served(served_plain[0])  # no thinking was served: nothing dropped
