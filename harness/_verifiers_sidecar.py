@@ -30,9 +30,10 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import verifiers as vf
 from openai import AsyncOpenAI
@@ -79,10 +80,10 @@ def jsonable(value: Any) -> Any:
 
 
 class Sidecar:
-    def __init__(self, env: vf.Environment):
+    def __init__(self, env: vf.Environment, out: TextIO):
         self.env = env
         self.rollouts: dict[str, asyncio.Task[None]] = {}
-        self.out = sys.stdout
+        self.out = out
 
     def send(self, message: dict[str, Any]) -> None:
         self.out.write(json.dumps(message) + "\n")
@@ -176,10 +177,15 @@ def _cause(error: BaseException) -> str:
 
 
 def main() -> None:
+    # The wire keeps the real stdout; anything else written there (an env's print, a C
+    # library) goes to stderr, so it can never break a line of the protocol.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     spec = sys.argv[1]
     args = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     env = load(spec, args)
-    asyncio.run(Sidecar(env).serve())
+    asyncio.run(Sidecar(env, out).serve())
 
 
 if __name__ == "__main__":

@@ -138,9 +138,9 @@ class VerifiersHarness:
         if not Path(self.python).exists():
             raise ConfigError(f"no interpreter at {self.python} (the environment with verifiers)")
         self._process = await anyio.open_process(
-            # -I: the script's own directory must not come first on sys.path, where this
+            # -P: the script's own directory must not come first on sys.path, where this
             # module, verifiers.py, would shadow the verifiers package.
-            [self.python, "-I", str(SIDECAR), self.environment, self._env_args],
+            [self.python, "-P", str(SIDECAR), self.environment, self._env_args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -13,6 +13,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -22,7 +26,7 @@ from plies import ConfigError, EnvError, PolicyRef, Status
 from plies.gateway import Gateway, GatewayServer
 from plies.harness import VerifiersHarness
 from plies.policy import SamplingParams, VLLMClient
-from plies.runtime import RolloutDriver, RolloutResources
+from plies.runtime import RolloutDriver, RolloutResources, read_groups
 from plies.testing import SCRIPTED_POLICY, ScriptedPolicy
 from plies.tokens import ChatRenderer
 
@@ -213,3 +217,49 @@ async def test_bad_environments_fail_in_one_line(vf_python, qwen3_tokenizer, tmp
         with pytest.raises(ConfigError, match="no interpreter"):
             async with VerifiersHarness(server, ADDER, python=tmp_path / "python"):
                 pass
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_during_verifiers_rollouts_leaks_nothing(vf_python, tmp_path):
+    script = Path(__file__).with_name("verifiers_signal_script.py")
+    env = {**os.environ, "PLIES_VERIFIERS_PYTHON": vf_python}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        seen: list[dict] = []
+        while sum(e["event"] == "turn" for e in seen) < 4:  # every rollout is in the slow tool
+            line = proc.stdout.readline()
+            assert line, f"the script ended early: {seen}"
+            seen.append(json.loads(line))
+        time.sleep(0.5)
+        for _ in range(2):  # drain, then cancel
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    events = seen + [json.loads(line) for line in out.splitlines()]
+    [ready] = [e for e in events if e["event"] == "ready"]
+    [stats] = [e for e in events if e["event"] == "stats"]
+    assert stats["live"] == 0 and stats["sessions"] == 0, stats
+    assert stats["borrowed"] == stats["released"] + stats["quarantined"] == 4, stats
+    read = read_groups(tmp_path / "groups.jsonl")
+    assert read.malformed == [] and len(read.records) == 2
+    assert all(g.complete for g in read.records)
+    assert {t.status for g in read.records for t in g.trajectories} <= {
+        Status.CANCELLED,
+        Status.QUARANTINED,
+    }
+    assert not Path(f"/proc/{ready['sidecar']}").exists(), "the sidecar is gone"
+    if stats["quarantined"] == 0:  # every rollout was cancelled in the sidecar and cleaned up
+        assert len((tmp_path / "cleanups.log").read_text().split()) == 4
