@@ -261,5 +261,44 @@ def test_ctrl_c_during_verifiers_rollouts_leaks_nothing(vf_python, tmp_path):
         Status.QUARANTINED,
     }
     assert not Path(f"/proc/{ready['sidecar']}").exists(), "the sidecar is gone"
-    if stats["quarantined"] == 0:  # every rollout was cancelled in the sidecar and cleaned up
-        assert len((tmp_path / "cleanups.log").read_text().split()) == 4
+    # Every rollout was cancelled in the sidecar, confirmed, and cleaned up by verifiers.
+    assert stats["quarantined"] == 0, stats
+    assert {t.status for g in read.records for t in g.trajectories} == {Status.CANCELLED}
+    assert len((tmp_path / "cleanups.log").read_text().split()) == 4
+
+
+BOXED = Path(__file__).parent / "verifiers_envs" / "boxed.py"
+
+
+@pytest.mark.parametrize(("answer", "reward"), [("\\boxed{42}", 1.0), ("\\boxed{41}", 0.0)])
+async def test_verifiers_math_rubric_scores_a_single_turn_env(
+    vf_python, qwen3_tokenizer, answer, reward
+):
+    policy = ScriptedPolicy(qwen3_tokenizer, [f"The product is {answer}."])
+    renderer = ChatRenderer(qwen3_tokenizer, template="model")
+    async with (
+        Gateway(policy, renderer, sampling=SamplingParams(max_tokens=64)) as gateway,
+        GatewayServer(gateway) as server,
+        VerifiersHarness(server, BOXED, python=vf_python) as harness,
+    ):
+        assert harness.ready["environment"] == "SingleTurnEnv"
+        rows = await harness.dataset()
+        groups, _, resources = await play(harness, harness.groups(rows, size=2), SCRIPTED_POLICY)
+    [group] = groups
+    for traj in group.trajectories:
+        assert traj.status is Status.COMPLETED and traj.reward == reward
+        assert traj.metrics["verifiers.correct_answer"] == reward
+        assert len(traj.turns) == 1 and traj.turns[0].completion_ids == policy.completions[0].ids
+    assert resources.released == 2 and resources.quarantined == 0
+
+
+async def test_group_reward_functions_are_refused_in_one_line(vf_python, qwen3_tokenizer):
+    policy = ScriptedPolicy(qwen3_tokenizer, ["\\boxed{42}"])
+    renderer = ChatRenderer(qwen3_tokenizer, template="model")
+    async with Gateway(policy, renderer) as gateway, GatewayServer(gateway) as server:
+        harness = VerifiersHarness(server, BOXED, python=vf_python, env_args={"group_reward": True})
+        with pytest.raises(ConfigError, match="group reward functions"):
+            async with harness:
+                pass
+        process = harness._process
+        assert process is not None and process.returncode is not None
