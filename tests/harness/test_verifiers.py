@@ -33,6 +33,7 @@ from plies.tokens import ChatRenderer
 pytestmark = [pytest.mark.anyio, pytest.mark.verifiers]
 
 ADDER = Path(__file__).parent / "verifiers_envs" / "adder.py"
+SUMMARY = "Summary: you asked the add tool; now say the sum."  # what adder.py rewrites to
 
 
 @pytest.fixture(scope="module")
@@ -302,3 +303,33 @@ async def test_group_reward_functions_are_refused_in_one_line(vf_python, qwen3_t
                 pass
         process = harness._process
         assert process is not None and process.returncode is not None
+
+
+async def test_a_history_the_env_rewrites_is_a_recorded_fallback_and_a_new_segment(
+    vf_python, qwen3_tokenizer
+):
+    policy = ScriptedPolicy(qwen3_tokenizer, [ask_add, say_sum])
+    renderer = ChatRenderer(qwen3_tokenizer, template="model")
+    args = {"rewrite_history": True}
+    async with (
+        Gateway(policy, renderer, sampling=SamplingParams(max_tokens=128)) as gateway,
+        GatewayServer(gateway) as server,
+        VerifiersHarness(server, ADDER, python=vf_python, env_args=args) as harness,
+    ):
+        rows = await harness.dataset(n=1)
+        [group], _, _ = await play(harness, harness.groups(rows, size=2), SCRIPTED_POLICY)
+    for traj in group.trajectories:
+        assert traj.status is Status.COMPLETED and traj.reward == 1.0
+        assert [t.extends for t in traj.turns] == [False, False]
+        assert [t.fallback for t in traj.turns] == [None, "history_edited"]
+        assert traj.metrics["fallback.history_edited"] == 1
+        # The second prompt is the full render of the rewritten history verifiers sent.
+        system, _question, answer, result, _ = traj.info["verifiers"]["messages"]
+        rewritten = [system, {"role": "user", "content": SUMMARY}, answer, result]
+        tools = traj.info["verifiers"]["tools"]
+        assert traj.prompt_ids(1) == renderer.start(template_view(rewritten), tools=tools).render()
+        # Two segments, each sampled token trained once.
+        assert [s.turns for s in traj.segments()] == [(0, 1), (1, 2)]
+        assert sum(sum(s.mask) for s in traj.segments()) == sum(
+            len(t.completion_ids) for t in traj.turns
+        )
