@@ -32,6 +32,7 @@ the `async with` block, in its own process group, killed on every path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -179,12 +180,10 @@ class VerifiersHarness:
             return
         self._tg = None
         with anyio.CancelScope(shield=True):
-            try:
+            with contextlib.suppress(OSError, anyio.BrokenResourceError):  # gone already
                 await process.stdin.aclose()  # type: ignore[union-attr]
-                with anyio.move_on_after(self.cancel_timeout_s):
-                    await process.wait()  # the sidecar cancels what runs, then exits
-            except OSError:
-                pass
+            with anyio.move_on_after(self.cancel_timeout_s):
+                await process.wait()  # the sidecar cancels what runs, then exits
             await _kill(process)
         tg.cancel_scope.cancel()  # its reader and stderr drain; they end at once
         await tg.__aexit__(None, None, None)
@@ -253,7 +252,11 @@ class VerifiersHarness:
                 if trajectory is None and gateway.has_session(key):
                     with anyio.CancelScope(shield=True):
                         await gateway.drop_session(key)
-        metrics = {f"verifiers.{k}": float(v) for k, v in (result.get("metrics") or {}).items()}
+        metrics = {
+            f"verifiers.{k}": float(v)
+            for k, v in (result.get("metrics") or {}).items()
+            if isinstance(v, int | float) and math.isfinite(v)
+        }
         return trajectory.model_copy(update={"metrics": {**trajectory.metrics, **metrics}})
 
     async def _ask(self, request: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
@@ -381,16 +384,16 @@ def _outcome(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _kill(process: Process) -> None:
-    """Stop the sidecar's whole process group, politely first."""
+    """Stop the sidecar's whole process group, politely first, then whatever is left of it
+    (a rubric's worker processes) even when the sidecar itself has exited."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if process.returncode is not None:
-            break
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
-            break
-        with anyio.move_on_after(_KILL_TIMEOUT_S):
-            await process.wait()
+            break  # nothing of the group is left
+        if process.returncode is None:
+            with anyio.move_on_after(_KILL_TIMEOUT_S):
+                await process.wait()
     if process.returncode is None:
         log.error("verifiers sidecar process group %d survived SIGKILL", process.pid)
     await process.aclose()

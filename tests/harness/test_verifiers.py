@@ -56,6 +56,19 @@ def say_sum(prompt: str) -> str:
     return f"The sum is {total}"
 
 
+def process_group(pgid: int) -> list[int]:
+    """Live processes in the process group `pgid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 def template_view(messages: list[dict]) -> list[dict]:
     """OpenAI-format messages as the chat template reads them (arguments as objects)."""
     view = []
@@ -285,6 +298,9 @@ async def test_verifiers_math_rubric_scores_a_single_turn_env(
         assert harness.ready["environment"] == "SingleTurnEnv"
         rows = await harness.dataset()
         groups, _, resources = await play(harness, harness.groups(rows, size=2), SCRIPTED_POLICY)
+        sidecar = harness._process.pid
+        assert len(process_group(sidecar)) >= 2  # MathRubric's math-verify worker runs
+    assert process_group(sidecar) == []  # the sidecar and its worker are gone
     [group] = groups
     for traj in group.trajectories:
         assert traj.status is Status.COMPLETED and traj.reward == reward
