@@ -6,7 +6,10 @@
 - `AgentHarness`: an unmodified agent CLI (Claude Code, Codex, OpenCode, pi, mini-swe-agent,
   an OpenAI Agents SDK script) in a `WorkspaceEnv`'s sandbox, through a gateway session; an
   `AgentAdapter` per agent writes its command line, environment and config files.
-- `Harness`: the protocol all three implement (`play(ctx)`), so any harness feeds any driver.
+- `VerifiersHarness`: a verifiers environment (`load_environment()`, its own loop and
+  rubric) in a sidecar process of the interpreter that has verifiers, its model calls
+  through a gateway session.
+- `Harness`: the protocol all of them implement (`play(ctx)`), so any harness feeds any driver.
 - `RewardPolicy` (`IllFormedReward`, `TruncationReward`, `UnpaidReward`): what an episode
   that did not end on the env's terms is worth, so every reward a harness settles is finite.
 - `EnvGroup` and `play_groups`: one GRPO group's envs, group rewards and shared cleanup, and
@@ -38,6 +41,7 @@ from .rewards import UnpaidReward as UnpaidReward
 from .tool_calling import EpisodeLimits as EpisodeLimits
 from .tool_calling import StopReason as StopReason
 from .tool_calling import ToolCallingHarness as ToolCallingHarness
+from .verifiers import VerifiersHarness as VerifiersHarness
 from .workspace import WorkspaceEnv as WorkspaceEnv
 
 __all__ = [
@@ -65,6 +69,7 @@ __all__ = [
     "ToolCallingHarness",
     "TruncationReward",
     "UnpaidReward",
+    "VerifiersHarness",
     "WorkspaceEnv",
     "play_groups",
 ]
