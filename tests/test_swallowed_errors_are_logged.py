@@ -12,7 +12,6 @@ from plies.runtime import EnvPool, RolloutResources
 from plies.tokens._parser import _generation_prompt
 from plies.tokens._template import Template
 
-
 REFUSING = "{{ raise_exception('this template renders nothing') }}"
 """A chat template whose every render fails."""
 
