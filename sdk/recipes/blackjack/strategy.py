@@ -26,6 +26,7 @@ __all__ = [
     "Decision",
     "Hand",
     "expected_return",
+    "hand_of",
     "optimal_hits",
     "optimal_return",
     "played_policy",
@@ -214,7 +215,7 @@ def hand_of(trajectory: Any, seed: int) -> Hand:
             break
         out.append((total(game.player), game.dealer[0], usable_ace(game.player), names[0] == "hit"))
         if names[0] == "stand":
-            break
+            return Hand(out, None)
         game.hit()
     if trajectory.info.get("stop_reason") == "done" or game.done:
         return Hand(out, None)
