@@ -6,15 +6,23 @@ policies and of their noisy versions, side by side, so the target can be read ag
 a policy's leftover randomness costs. No sampling: `strategy.expected_return` is the same
 dynamic programme that reproduces the optimum.
 
-    python bench/blackjack_policies.py [--held-out 2000] [--run DIR [--label final]]
+    python bench/blackjack_policies.py [--held-out 2000] [--coverage 60] [--run DIR [--label final]]
 
-Beside the exact price of each deterministic policy it prints what the policy scores on
-the recipe's held-out deals (the first `--held-out` of them, each played out), which are
+Beside the exact price of each policy it prints what the policy is expected to score on
+the recipe's held-out deals (the first `--held-out` of them; `pricing.on_deals`), which are
 not an average sample: a run's final return is measured on them.
 
-With `--run`, it also prices a run's learned policy: the hit share in each (total, up card,
-soft) cell of one of its evaluations (a cell never visited taken as a coin flip), what that
-policy would be worth with each cell cut as nucleus sampling at `top_p` cuts it (a call
+Then it plays one stochastic policy (the optimal chart with 5% of its calls the other way) on
+`--held-out` deals of the game, as a run's evaluation would, and judges that evaluation as a
+run's summary does: sampled (its mean, beside the references on the same deals) and priced
+(`pricing.price`, with its interval, against the policy's exact value), timing what the
+judging adds to a run. With `--coverage N` it does that N times for a few policies, each on
+fresh deals, and counts how often the priced interval held the exact value (95% is its aim).
+
+With `--run`, it also prices a run's learned policy as the demo's summary does
+(`pricing.price`: the shares of hit, stand and forfeit in each (total, up card, soft) cell of
+one of its evaluations, a cell never visited taken as a coin flip, with a 95% interval), what
+that policy would be worth with each cell cut as nucleus sampling at `top_p` cuts it (a call
 holding at least `top_p` is always played), and how much playing the optimal chart in one
 band of totals would add: where the run's remaining loss lies.
 """
@@ -23,11 +31,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from plies.environments.blackjack import BlackjackGame, total, usable_ace
 from plies.recipes.blackjack.config import EVAL_SEEDS
+from plies.recipes.blackjack.evaluation import Z95, mean_stderr
+from plies.recipes.blackjack.pricing import REFERENCES, on_deals, price_record
+from plies.recipes.blackjack.report import exact_figures
 from plies.recipes.blackjack.strategy import expected_return, optimal_hits, played_policy
 
 Policy = Callable[[int, int, bool], float]
@@ -66,9 +79,6 @@ POLICIES: dict[str, Policy] = {
 }
 
 
-PLAYED = ("optimal", "hit below 17", "hit below 16", "hit below 15", "hit below 12", "always stand")
-"""The deterministic policies, played out on the held-out deals."""
-
 BANDS: dict[str, Callable[[int, bool], bool]] = {
     "hard <= 11": lambda t, soft: t <= 11 and not soft,
     "hard 12-16": lambda t, soft: 12 <= t <= 16 and not soft,
@@ -77,13 +87,13 @@ BANDS: dict[str, Callable[[int, bool], bool]] = {
 }
 
 
-def learned(run: Path, label: str) -> Policy:
-    """The hit share per cell of the run's last evaluation labelled `label`."""
+def learned(run: Path, label: str) -> dict:
+    """The run's last evaluation labelled `label`, as its metrics.jsonl holds it."""
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     evals = [r for r in records if r["kind"] == "eval" and r["label"] == label]
     if not evals:
         raise SystemExit(f"{run}: no {label!r} evaluation in metrics.jsonl")
-    return played_policy(evals[-1]["decisions"])
+    return evals[-1]
 
 
 def cut(policy: Policy, top_p: float) -> Policy:
@@ -100,36 +110,86 @@ def optimal_in(policy: Policy, band: Callable[[int, bool], bool]) -> Policy:
     return lambda t, u, s: float(optimal_hits(t, u, s)) if band(t, s) else policy(t, u, s)
 
 
-def held_out(policy: Policy, hands: int) -> float:
-    """The mean reward of deterministic `policy` on the first `hands` held-out deals."""
-    reward = 0.0
+def evaluation(policy: Policy, hands: int, seed: int = 0) -> dict:
+    """An evaluation record (rewards, decisions) of `policy` played on `hands` deals: the
+    held-out ones for seed 0, others for another."""
+    rng, rewards, decisions = random.Random(seed), [], []
     for i in range(hands):
-        game = BlackjackGame.deal(EVAL_SEEDS + i)
+        game = BlackjackGame.deal(EVAL_SEEDS * (1 + 2 * seed) + i)
         while not game.done:
-            if policy(total(game.player), game.dealer[0], usable_ace(game.player)) > 0.5:
-                game.hit()
-            else:
-                game.stand()
-        reward += game.reward
-    return reward / hands
+            cell = (total(game.player), game.dealer[0], usable_ace(game.player))
+            hit = rng.random() < policy(*cell)
+            decisions.append([*cell, hit])
+            game.hit() if hit else game.stand()
+        rewards.append(game.reward)
+    return {"rewards": rewards, "decisions": decisions, "forfeits": []}
+
+
+def judged(name: str, hands: int) -> None:
+    """Judge an evaluation of `name` on `hands` deals as a run's summary does, timed."""
+    policy = POLICIES[name]
+    record = evaluation(policy, hands)
+    mean, stderr = mean_stderr(record["rewards"])
+    t0 = time.perf_counter()
+    figures = exact_figures(record, record)  # the two evaluations a run prices
+    t1 = time.perf_counter()
+    refs = {ref: on_deals(p, range(hands)) for ref, p in REFERENCES.items()}
+    t2 = time.perf_counter()
+    low, high = figures["final_exact_ci95"]
+    played = ", ".join(f"{ref} {v:+.4f}" for ref, v in refs.items())
+    print(
+        f"\nan evaluation of {name!r} on {hands} held-out deals: sampled {mean:+.4f} "
+        f"(95% CI {mean - Z95 * stderr:+.4f} to {mean + Z95 * stderr:+.4f}; the same deals "
+        f"played by {played}); priced {figures['final_exact']:+.4f} (95% CI {low:+.4f} to "
+        f"{high:+.4f}); exact {expected_return(policy):+.4f}"
+    )
+    print(
+        f"what judging a run adds: pricing its two evaluations {t1 - t0:.3f} s, the "
+        f"references on the deals {t2 - t1:.3f} s"
+    )
+
+
+COVERED = ("optimal, 5% of calls the other way", "bands 1.00 / 0.50 / 0.00", "hit below 17")
+
+
+def coverage(runs: int, hands: int) -> None:
+    """How often `runs` evaluations' priced intervals held each policy's exact value."""
+    for name in COVERED:
+        exact, held = expected_return(POLICIES[name]), 0
+        for seed in range(1, runs + 1):
+            low, high = price_record(evaluation(POLICIES[name], hands, seed)).ci95
+            held += low <= exact <= high
+        print(f"  {name}: the interval held the exact value in {held} of {runs} evaluations")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--held-out", type=int, default=2000, help="held-out deals played")
+    parser.add_argument("--coverage", type=int, default=0, help="evaluations per policy")
     parser.add_argument("--run", type=Path, help="a `plies demo blackjack` run directory")
     parser.add_argument("--label", default="final", help="which evaluation (final, warm_start)")
     args = parser.parse_args()
     width = max(map(len, POLICIES))
     print(f"{'policy':<{width}}  {'exact':>7}  {f'{args.held_out} held-out deals':>20}")
     for name, policy in POLICIES.items():
-        played = f"{held_out(policy, args.held_out):+.4f}" if name in PLAYED else "-"
-        print(f"{name:<{width}}  {expected_return(policy):+.4f}  {played:>20}")
+        played = on_deals(policy, range(args.held_out))
+        print(f"{name:<{width}}  {expected_return(policy):+.4f}  {played:>+20.4f}")
+    judged("optimal, 5% of calls the other way", args.held_out)
+    if args.coverage:
+        print(f"the priced intervals of {args.coverage} evaluations of {args.held_out} hands each:")
+        coverage(args.coverage, args.held_out)
     if args.run is None:
         return
-    policy = learned(args.run, args.label)
+    record = learned(args.run, args.label)
+    priced = price_record(record)
+    low, high = priced.ci95
+    print(
+        f"\n{args.run} ({args.label} evaluation), each cell at its shares: {priced.value:+.4f} "
+        f"(95% CI {low:+.4f} to {high:+.4f}, {priced.decisions} decisions); sampled "
+        f"{record['return']:+.4f} on {record['hands']} hands"
+    )
+    policy = played_policy(record["decisions"])  # hit or stand: what the cuts below act on
     base = expected_return(policy)
-    print(f"\n{args.run} ({args.label} evaluation), each cell at its hit share: {base:+.4f}")
     for top_p in (0.99, 0.95, 0.9, 0.8):
         print(f"  cut at top_p {top_p}: {expected_return(cut(policy, top_p)):+.4f}")
     for name, band in BANDS.items():

@@ -16,6 +16,8 @@ from demo_runs import records, wait
 
 from plies.recipes.blackjack import BUDGETS
 from plies.recipes.blackjack.config import DEFAULT_KEEP_POLICIES
+from plies.recipes.blackjack.pricing import REFERENCES, on_deals, price_record
+from plies.recipes.blackjack.strategy import expected_return
 from plies.runtime import read_groups
 from plies.testing import plies_command
 
@@ -103,11 +105,31 @@ def test_short_demo_writes_metrics_summary_and_curve(demo_run):
     assert on_disk == retention["kept"] == [0, 1, newest - 1, newest]
     assert retention["removed"] == list(range(2, newest - 1)) != []
     assert summary["disk_mb"] > 0
-    # The terminal ends with the result: returns with intervals, the files, how to look.
-    tail = log.rstrip().splitlines()[-7:]
+    # The headline: each evaluation's decisions (and forfeits) priced exactly, with intervals.
+    for label in ("warm_start", "final"):
+        priced = price_record(evals[label])
+        assert priced.decisions == len(evals[label]["decisions"]) + len(evals[label]["forfeits"])
+        assert summary[f"{label}_exact"] == pytest.approx(priced.value, abs=1e-4)
+        low, high = summary[f"{label}_exact_ci95"]
+        assert low < summary[f"{label}_exact"] < high
+    gain = summary["final_exact"] - summary["warm_start_exact"]
+    assert summary["improvement_exact"] == pytest.approx(gain, abs=2e-4)
+    # ...beside what the 32 deals paid the references, and their exact values.
+    scored = [i for i, r in enumerate(evals["final"]["rewards"]) if r is not None]
+    for name, policy in REFERENCES.items():
+        assert summary["references_on_held_out"][name] == pytest.approx(
+            on_deals(policy, scored), abs=1e-4
+        )
+        assert summary["references"][name] == pytest.approx(expected_return(policy), abs=1e-4)
+    # The terminal ends with the result: exact values first, then the sampled returns with
+    # the references on the same deals, the files, how to look.
+    tail = log.rstrip().splitlines()[-8:]
     assert tail[0].split()[0] == "result"  # the rule above the result
-    assert tail[1].startswith("warm start ") and "95% CI" in tail[1]
-    assert tail[2].startswith("improvement ") and "paired on" in tail[2]
+    assert tail[1].startswith(f"priced exactly, per hand: final {summary['final_exact']:+.3f}")
+    assert "95% CI" in tail[1] and "references random -0.396" in tail[1]
+    assert tail[2].startswith("improvement on the warm start, priced exactly: ")
+    assert tail[3].startswith("sampled on ") and "the same deals played by random" in tail[3]
+    assert tail[4].startswith("sampled improvement ") and "paired on" in tail[4]
     assert f"plies view {out}" in tail[-2]
     assert tail[-1].startswith(f"wrote in {out}: summary.json")
     assert "it/s]" not in log and "Warning" not in log  # no tqdm bar, no library warning

@@ -11,6 +11,7 @@ import pytest
 from plies.environments.blackjack import BlackjackGame, total
 from plies.recipes.blackjack.config import (
     ALWAYS_STAND_RETURN,
+    EVAL_SEEDS,
     OPTIMAL_RETURN,
     RANDOM_RETURN,
     DemoConfig,
@@ -141,11 +142,12 @@ def test_the_standard_error_is_nan_where_it_cannot_be_estimated():
     assert mean == 0 and stderr == pytest.approx(math.sqrt(4 / 3) / 2)
 
 
-def _eval(label: str, step: int, rewards: list[float], decisions: list[list]) -> dict:
-    mean, stderr = mean_stderr(rewards)
+def _eval(label: str, step: int, rewards: list[float | None], decisions: list[list]) -> dict:
+    scored = [r for r in rewards if r is not None]
+    mean, stderr = mean_stderr(scored)
     return {
         "label": label, "step": step, "policy": 1, "seconds": 0.0, "return": mean,
-        "hands": len(rewards), "ill_formed": 0, "failed": 0, "stand_rate": 0.5,
+        "hands": len(scored), "ill_formed": 0, "failed": 0, "stand_rate": 0.5,
         "stderr": stderr, "rewards": rewards, "decisions": decisions,
     }  # fmt: skip
 
@@ -178,4 +180,50 @@ def test_the_summary_holds_paired_intervals_and_the_grid_and_draws_both_figures(
     for name in ("learning_curve.png", "strategy.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG, name
     lines = result_lines(summary, tmp_path)
-    assert "paired on 8 hands" in lines[1] and "strategy.png" in lines[-1]
+    assert "paired on 8 hands" in lines[3] and "strategy.png" in lines[-1]
+
+
+def test_the_headline_is_each_policy_priced_exactly_beside_the_deals_own_luck(tmp_path):
+    """The final evaluation hit at 16 against a 10 and forfeit one hand at 12 against a 4;
+    the warm start stood at 16 against a 10; every other cell is a coin flip in both."""
+    log = RunLog(tmp_path / "metrics.jsonl")
+    warm = _eval("warm_start", 0, [-1.0, 1.0, 0.0], [[16, 10, False, False]] * 3)
+    final = _eval("final", 3, [1.0, -1.0, None], [[16, 10, False, True]] * 2)
+    final["forfeits"] = [[12, 4, False]]
+    log.write("eval", **warm)
+    log.write("eval", **final)
+    log.close()
+    summary = write_summary(
+        DemoConfig(out=tmp_path, budget="smoke"), RunLog(tmp_path / "metrics.jsonl"), 60.0
+    )
+    coin = {(16, 10, False): 0.0}
+    before = expected_return(lambda t, u, s: coin.get((t, u, s), 0.5))
+    after = expected_return(
+        lambda t, u, s: {(16, 10, False): 1.0, (12, 4, False): 0.0}.get((t, u, s), 0.5),
+        lambda t, u, s: float((t, u, s) == (12, 4, False)),
+    )
+    assert summary["warm_start_exact"] == pytest.approx(before, abs=1e-4)
+    assert summary["final_exact"] == pytest.approx(after, abs=1e-4)
+    assert summary["improvement_exact"] == pytest.approx(after - before, abs=2e-4)
+    for key in ("warm_start_exact", "final_exact", "improvement_exact"):
+        low, high = summary[f"{key}_ci95"]
+        assert low < summary[key] < high, key
+    # The references, computed; and what the deals the final evaluation scored paid them.
+    assert summary["references"] == pytest.approx(
+        {"random": RANDOM_RETURN, "always_stand": ALWAYS_STAND_RETURN, "optimal": OPTIMAL_RETURN},
+        abs=5e-4,
+    )
+    stand = []
+    for i in (0, 1):  # hand 2 failed: not a deal the evaluation scored
+        game = BlackjackGame.deal(EVAL_SEEDS + i)
+        game.stand()
+        stand.append(game.reward)
+    assert summary["references_on_held_out"]["always_stand"] == pytest.approx(sum(stand) / 2)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    exact, gain, sampled, paired = result_lines(summary, tmp_path)[:4]
+    assert exact.startswith(f"priced exactly, per hand: final {after:+.3f} (95% CI ")
+    assert f"warm start {before:+.3f} (95% CI " in exact and "optimal -0.047" in exact
+    assert gain.startswith(f"improvement on the warm start, priced exactly: {after - before:+.3f}")
+    assert sampled.startswith("sampled on 2 held-out hands: final +0.000 (95% CI")
+    assert f"always stand {sum(stand) / 2:+.3f}" in sampled.split("the same deals played by")[1]
+    assert paired.startswith("sampled improvement ")

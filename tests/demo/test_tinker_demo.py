@@ -4,6 +4,7 @@ server's op journals (`STATE_DIR/tinker/<run>/ops.jsonl`) show every step applie
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -113,6 +114,32 @@ def test_ctrl_c_then_resume_on_tinker_applies_every_step_once(tmp_path):
     assert sorted(forgotten) == sorted(uris[v] for v in retention["removed"])
 
 
+@pytest.mark.timeout(900)  # the deadlines below bound it
+def test_the_default_budget_starts_on_tinker_without_extra_flags(tmp_path):
+    """`plies demo blackjack --trainer tinker` as the README gives it: the budget samples at
+    top_p 1 for the Tinker API (its losses take logprobs over the whole vocabulary), the rest
+    of the default budget unchanged; the warm start trains until Ctrl-C stops the run."""
+    out = tmp_path / "run"
+    log = (tmp_path / "run.log").open("ab")
+    argv = [*DEMO, "--out", str(out), "--trainer", "tinker"]
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
+    try:
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(applied(ops, "optim_step") for ops in runs(out).values()):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
+        assert any(applied(ops, "optim_step") for ops in runs(out).values()), "no warm-start step"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    assert wait(proc, out, 300) == 130
+    budget = json.loads((out / "run.json").read_text())["budget"]
+    assert budget == {**dataclasses.asdict(BUDGETS["default"]), "top_p": 1.0}
+    assert BUDGETS["default"].top_p < 1.0  # the native default cuts; the Tinker run does not
+
+
 def test_a_tinker_service_that_is_down_misnamed_or_asked_for_top_p_is_one_line_and_exit_2(
     tmp_path,
 ):
@@ -122,7 +149,7 @@ def test_a_tinker_service_that_is_down_misnamed_or_asked_for_top_p_is_one_line_a
     for extra, says in (
         (["--trainer", "tinker", "--tinker-url", closed], "no Tinker service answers"),
         (["--tinker-url", closed], "--tinker-url is the service of --trainer tinker"),
-        (["--trainer", "tinker", "--set", "top_p=0.9"], "top_p is 0.9: add --set top_p=1"),
+        (["--trainer", "tinker", "--set", "top_p=0.9"], "asks for top_p 0.9: leave top_p out"),
         (
             ["--trainer", "tinker", "--sampler", "batch-invariant"],
             "--sampler batch-invariant is for --trainer native",

@@ -19,13 +19,15 @@
    `MAX_STALENESS` steps ahead (staleness by pacing);
 5. evaluation on held-out deals (`evaluate`: the same seeds before and after, so the
    comparison is paired); metrics in `DIR/metrics.jsonl` (`RunLog`), then `DIR/summary.json`
-   (95% intervals, the paired improvement, the strategy table), `DIR/learning_curve.png` and
-   `DIR/strategy.png` (`write_summary`).
+   (the headline: each policy's decision shares priced exactly, `pricing`; the sampled
+   returns beside the references on the same deals; 95% intervals, the paired improvement,
+   the strategy table), `DIR/learning_curve.png` and `DIR/strategy.png` (`write_summary`).
 
 Modules: `config` (budgets, seeds, prompt, reference returns), `runlog`, `warm_start`,
 `rewards`, `state` (the `RunState` every phase receives), `evaluation`, `grpo`, `contrast`
 (the `state_contrast` advantages), `report`,
-`strategy` (the hit/stand grid per total and up card, and the exact optimum),
+`strategy` (the hit/stand grid per total and up card, and the exact optimum), `pricing`
+(what a run's policies are worth exactly, and what its deals paid the references),
 `run` (servers, clients, pools, and the phases in order), `trainers` (`--trainer native` or
 `tinker`: plies' own wire, or the Tinker API's training and sampling clients), `progress`
 (the one live display, a bar with ETA per phase), `retention` (which published policies stay

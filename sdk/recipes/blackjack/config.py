@@ -280,10 +280,16 @@ class DemoConfig:
     """`--set FIELD=VALUE`s changing the budget's numbers (a research run); the numbers the
     run uses are `plan`, which run.json records and a resume must match."""
     plan: Budget = field(init=False)
-    """The budget with `settings` applied: what the run does."""
+    """The budget with `settings` applied: what the run does. With `--trainer tinker`, top_p
+    is 1 unless `--set` says otherwise (which is refused): the Tinker API's losses take each
+    token's logprob over the whole vocabulary, so its episodes must be sampled from all of it."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "plan", budget_with(self.budget, self.settings))
+        plan = budget_with(self.budget, self.settings)
+        set_top_p = any(s.partition("=")[0].strip() == "top_p" for s in self.settings)
+        if self.trainer == "tinker" and not set_top_p:
+            plan = replace(plan, top_p=1.0)  # its losses take logprobs over the whole vocabulary
+        object.__setattr__(self, "plan", plan)
         for option, value, known in (
             ("env", self.env, get_args(EnvName)),
             ("sandbox", self.sandbox, get_args(SandboxName)),
@@ -302,8 +308,8 @@ class DemoConfig:
         if self.trainer == "tinker" and self.plan.top_p != 1.0:
             raise ConfigError(
                 f"--trainer tinker samples the whole vocabulary (the Tinker API's losses take "
-                f"each token's logprob over all of it), and this budget's top_p is "
-                f"{self.plan.top_p}: add --set top_p=1"
+                f"each token's logprob over all of it), and --set asks for top_p "
+                f"{self.plan.top_p}: leave top_p out (or set 1)"
             )
         if self.env == "openenv" and self.sandbox != "none":
             raise ConfigError("--env openenv and --sandbox are alternatives; pick one")

@@ -17,7 +17,7 @@ from plies.runtime import GroupSpec, Interrupts, RolloutDriver, RolloutResources
 
 from .config import EVAL_SEEDS
 from .state import Interrupted, RunState
-from .strategy import Decision, decisions_of
+from .strategy import Cell, Decision, hand_of
 
 __all__ = ["Z95", "EvalResult", "evaluate", "mean_stderr", "play_held_out"]
 
@@ -41,6 +41,9 @@ class EvalResult:
     """Each held-out hand's reward by its index (None: failed), so two evaluations pair up."""
     decisions: tuple[Decision, ...]
     """Every hit/stand decision with the state it was taken in (the strategy grid's data)."""
+    forfeits: tuple[Cell, ...]
+    """The state of each hand left unfinished (`strategy.hand_of`): with `decisions`, what
+    `pricing.price` prices."""
 
 
 Z95 = 1.96
@@ -78,6 +81,7 @@ async def play_held_out(
     """
     by_hand: list[float | None] = [None] * hands
     seen: list[Decision] = []
+    forfeits: list[Cell] = []
     ill = truncated = failed = stands = decisions = 0
     async with RolloutDriver(
         resources, harness.play, policy=policy, max_groups_in_flight=concurrency
@@ -104,8 +108,12 @@ async def play_held_out(
                 if traj.reward is None:
                     failed += 1
                     continue
-                by_hand[int(group.task_id.removeprefix("eval-"))] = traj.reward
-                seen.extend(decisions_of(traj))
+                index = int(group.task_id.removeprefix("eval-"))
+                by_hand[index] = traj.reward
+                hand = hand_of(traj, EVAL_SEEDS + index)
+                seen.extend(hand.decisions)
+                if hand.forfeit is not None:
+                    forfeits.append(hand.forfeit)
                 ill += traj.info.get("stop_reason") == "ill_formed"
                 truncated += traj.status is Status.TRUNCATED
                 for turn in traj.turns:
@@ -118,7 +126,7 @@ async def play_held_out(
     mean = sum(rewards) / len(rewards) if rewards else float("nan")
     return EvalResult(
         mean, len(rewards), ill, truncated, failed, stands / decisions if decisions else 0.0,
-        tuple(by_hand), tuple(seen),
+        tuple(by_hand), tuple(seen), tuple(forfeits),
     )  # fmt: skip
 
 
@@ -141,6 +149,7 @@ async def evaluate(
         truncated=result.truncated, failed=result.failed, stand_rate=result.stand_rate,
         stderr=mean_stderr([r for r in result.rewards if r is not None])[1],
         rewards=list(result.rewards), decisions=[list(d) for d in result.decisions],
+        forfeits=[list(f) for f in result.forfeits],
     )  # fmt: skip
     run.console.print(
         f"eval \\[{label}] step {step}: return {result.mean_return:+.3f} "

@@ -25,8 +25,16 @@ from .config import (
     DemoConfig,
 )
 from .evaluation import Z95, mean_stderr
+from .pricing import REFERENCES, difference, on_deals, price_record
 from .runlog import RunLog
-from .strategy import HARD_TOTALS, SOFT_TOTALS, UP_CARDS, optimal_hits, strategy_table
+from .strategy import (
+    HARD_TOTALS,
+    SOFT_TOTALS,
+    UP_CARDS,
+    expected_return,
+    optimal_hits,
+    strategy_table,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REFUSALS",
     "disk_bytes",
+    "exact_figures",
     "idle_streak",
     "paired_improvement",
     "plot_curve",
@@ -85,6 +94,7 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
     latest = final or warm
     summary = {
         "config": config.key(),
+        **exact_figures(warm, final),
         "warm_start_return": warm["return"] if warm else None,
         "warm_start_ci95": _eval_interval(warm),
         "final_return": final["return"] if final else None,
@@ -113,9 +123,8 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
         "grpo_steps": len(steps),
         "skipped_steps": len(log.all("skipped")),
         "complete": final is not None,
-        "references": {
-            "random": RANDOM_RETURN, "always_stand": ALWAYS_STAND_RETURN, "optimal": OPTIMAL_RETURN,
-        },
+        "references": {name: round(expected_return(p), 4) for name, p in REFERENCES.items()},
+        "references_on_held_out": _on_held_out(latest),
         "strategy": None,
     }  # fmt: skip
     if latest is not None and "decisions" in latest:
@@ -131,32 +140,74 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
     return summary
 
 
+def exact_figures(
+    warm: dict[str, Any] | None, final: dict[str, Any] | None
+) -> dict[str, float | list[float] | None]:
+    """The headline: each evaluation's decision shares priced exactly (`pricing.price`), with
+    95% intervals for how well the evaluation measured them, and GRPO's improvement so priced."""
+    priced = {
+        label: None if record is None else price_record(record)
+        for label, record in (("warm_start", warm), ("final", final))
+    }
+    if priced["warm_start"] is not None and priced["final"] is not None:
+        priced["improvement"] = difference(priced["final"], priced["warm_start"])
+    else:
+        priced["improvement"] = None
+    out: dict[str, float | list[float] | None] = {}
+    for label, value in priced.items():
+        out[f"{label}_exact"] = None if value is None else round(value.value, 4)
+        out[f"{label}_exact_ci95"] = None if value is None else _interval(value.value, value.stderr)
+    return out
+
+
+def _on_held_out(record: dict[str, Any] | None) -> dict[str, float] | None:
+    """The reference policies' expected reward on the deals `record` scored (its rewards by
+    index): what those deals were worth to them, to read the sampled return against."""
+    if record is None or "rewards" not in record:
+        return None
+    hands = [i for i, reward in enumerate(record["rewards"]) if reward is not None]
+    return {name: round(on_deals(p, hands), 4) for name, p in REFERENCES.items()}
+
+
 def result_lines(summary: dict[str, Any], out: Path) -> list[str]:
-    """What the terminal shows at the end: the paired before/after result, where the run
-    is and how big, how to look at it, and the files written (always the last line)."""
+    """What the terminal shows at the end: the policies priced exactly (the headline), the
+    sampled before/after result beside what the same deals gave the references, where the
+    run is and how big, how to look at it, and the files written (always the last line)."""
 
     def ret(value: float | None, ci: list[float] | None) -> str:
         if value is None:
             return "not evaluated"
         return f"{value:+.3f}" + (f" (95% CI {ci[0]:+.3f} to {ci[1]:+.3f})" if ci else "")
 
+    def refs(values: dict[str, float]) -> str:
+        return ", ".join(f"{name.replace('_', ' ')} {v:+.3f}" for name, v in values.items())
+
+    final, warm = summary["final_exact"], summary["warm_start_exact"]
     lines = [
-        f"warm start {ret(summary['warm_start_return'], summary['warm_start_ci95'])}, "
-        f"final {ret(summary['final_return'], summary['final_ci95'])} "
-        f"over {summary['eval_hands']} held-out hands",
+        f"priced exactly, per hand: final {ret(final, summary['final_exact_ci95'])}, "
+        f"warm start {ret(warm, summary['warm_start_exact_ci95'])}; "
+        f"references {refs(summary['references'])}",
     ]
+    if summary["improvement_exact"] is not None:
+        lines.append(
+            "improvement on the warm start, priced exactly: "
+            + ret(summary["improvement_exact"], summary["improvement_exact_ci95"])
+        )
+    sampled = (
+        f"sampled on {summary['eval_hands']} held-out hands: "
+        f"final {ret(summary['final_return'], summary['final_ci95'])}, "
+        f"warm start {ret(summary['warm_start_return'], summary['warm_start_ci95'])}"
+    )
+    if summary["references_on_held_out"]:
+        sampled += f"; the same deals played by {refs(summary['references_on_held_out'])}"
+    lines.append(sampled)
     if summary["improvement"] is not None:
         ci = summary["improvement_ci95"]
         span = f" (95% CI {ci[0]:+.3f} to {ci[1]:+.3f})" if ci else ""
         lines.append(
-            f"improvement {summary['improvement']:+.3f}{span}, "
+            f"sampled improvement {summary['improvement']:+.3f}{span}, "
             f"paired on {summary['paired_hands']} hands"
         )
-    refs = summary["references"]
-    lines.append(
-        f"references: random {refs['random']}, always stand {refs['always_stand']}, "
-        f"optimal {refs['optimal']}"
-    )
     steps = f"{summary['grpo_steps']} GRPO steps"
     if summary.get("skipped_steps"):
         steps += f" (and {summary['skipped_steps']} batches that trained nothing, not counted)"

@@ -10,20 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
-from plies.environments.blackjack import DECK, total, usable_ace
+import numpy as np
+
+from plies.environments.blackjack import DECK, BlackjackGame, total, usable_ace
+
+from .rewards import FORFEIT
 
 __all__ = [
     "HARD_TOTALS",
     "SOFT_TOTALS",
     "UP_CARDS",
+    "Cell",
     "Decision",
-    "decisions_of",
+    "Hand",
     "expected_return",
+    "hand_of",
     "optimal_hits",
     "optimal_return",
     "played_policy",
+    "policy_values",
     "strategy_table",
 ]
 
@@ -33,6 +40,8 @@ HARD_TOTALS = tuple(range(4, 22))
 SOFT_TOTALS = tuple(range(12, 22))
 """Player totals the grid shows (its rows): hard 4-21, soft (a usable ace) 12-21."""
 
+Cell = tuple[int, int, bool]
+"""A state a decision is taken in: (player total, dealer up card, soft)."""
 Decision = tuple[int, int, bool, bool]
 """One decision seen: (player total, dealer up card, soft, hit)."""
 
@@ -102,28 +111,59 @@ def optimal_return() -> float:
     return expected_return(lambda player, up, soft: float(optimal_hits(player, up, soft)))
 
 
-def expected_return(hit_share: Callable[[int, int, bool], float]) -> float:
+def expected_return(
+    hit_share: Callable[[int, int, bool], float],
+    forfeit_share: Callable[[int, int, bool], float] | None = None,
+) -> float:
     """The exact expected return per hand of a policy that hits with probability
-    `hit_share(total, up, soft)`: a dynamic programme over (total, soft) against the
-    dealer's final-total distribution, `optimal_return` being the optimal chart's case.
+    `hit_share(total, up, soft)`, forfeits the hand (an ill-formed or cut-off call: -1) with
+    probability `forfeit_share(...)` (None: never) and stands otherwise: a dynamic programme
+    over (total, soft) against the dealer's final-total distribution, `optimal_return` being
+    the optimal chart's case.
 
     It prices what sampling costs: a policy that plays the optimal call 95% of the time
     loses about as much to its 5% as separates "hit below 17" from the optimum
     (docs/training.md).
+
+    Raises:
+        ValueError: a share outside [0, 1], or hit and forfeit shares summing above 1.
     """
 
+    def checked(share: Callable[[int, int, bool], float]) -> Callable[[int, int, bool], float]:
+        def at(player: int, up: int, soft: bool) -> float:
+            p = share(player, up, soft)
+            f = 0.0 if forfeit_share is None else forfeit_share(player, up, soft)
+            if not (0.0 <= p <= 1.0 and 0.0 <= f <= 1.0 - p):
+                raise ValueError(
+                    f"hit share {p}, forfeit share {f} at {player} ({'soft' if soft else 'hard'})"
+                    f" against {up}: not a probability"
+                )
+            return p
+
+        return at
+
+    return float(policy_values(checked(hit_share), forfeit_share))
+
+
+def policy_values(
+    hit_share: Callable[[int, int, bool], Any],
+    forfeit_share: Callable[[int, int, bool], Any] | None,
+) -> Any:
+    """`expected_return` of many policies at once, unchecked: each share a float or an array
+    (one policy per element), the value the same shape. The value is linear in each cell's
+    shares, so an array of shares nudged one cell at a time gives its exact derivatives
+    (`pricing`), and shares outside [0, 1] give that linear function's value there."""
+
     @cache
-    def value(state: tuple[int, bool], up: int) -> float:
+    def value(state: tuple[int, bool], up: int) -> Any:
         if state[0] > 21:
             return -1.0
         p = hit_share(state[0], up, state[1])
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"hit share {p} at {state} against {up}: not a probability")
-        stand = _stand_value(state[0], up)
-        if p == 0.0:
-            return stand
-        hit = sum(q * value(_add(state, card), up) for card, q in _P.items())
-        return p * hit + (1.0 - p) * stand
+        f = 0.0 if forfeit_share is None else forfeit_share(state[0], up, state[1])
+        out = (1.0 - p - f) * _stand_value(state[0], up) + f * FORFEIT
+        if np.any(p):  # a state the policy never hits from leads nowhere
+            out = out + p * sum(q * value(_add(state, card), up) for card, q in _P.items())
+        return out
 
     return sum(
         pu * pa * pb * value(_add(_add((0, False), a), b), up)
@@ -149,26 +189,37 @@ def played_policy(
     return lambda player, up, soft: share.get((player, up, soft), 0.5)
 
 
-def decisions_of(trajectory: Any) -> list[Decision]:
-    """The decisions of one evaluated hand, rebuilt from its final cards and its calls.
+class Hand(NamedTuple):
+    """What one evaluated hand tells the pricing (`hand_of`)."""
 
-    The env reports the player's cards when the hand ends; decision k was taken holding
-    the first 2 + k of them, the dealer's up card unchanged. Calls other than hit/stand
-    (an ill-formed turn) end the list: the hand was forfeit there.
+    decisions: list[Decision]
+    forfeit: Cell | None
+    """Where the hand was left unfinished (an ill-formed call, or a budget ran out), or None:
+    the env ended it (a stand, a bust)."""
+
+
+def hand_of(trajectory: Any, seed: int) -> Hand:
+    """The decisions of one evaluated hand of deal `seed`, and where it was forfeit.
+
+    The deal fixes the cards (every variant of the env deals from the same seeds), so
+    decision k was taken holding the deal's cards after k hits: rebuilt from the seed and the
+    calls, since the harness reports the env's cards only for a hand the env ended. A call
+    other than one hit or stand (an ill-formed turn) ends the list: the hand was forfeit there.
     """
-    env = trajectory.info.get("env") or {}
-    cards, up = env.get("player_cards"), env.get("dealer_up")
-    if not cards or up is None:
-        return []
+    game = BlackjackGame.deal(seed)
     out: list[Decision] = []
-    for k, turn in enumerate(trajectory.turns):
+    for turn in trajectory.turns:
         calls = (turn.message or {}).get("tool_calls") or []
         names = [c["function"]["name"] for c in calls]
-        if len(names) != 1 or names[0] not in ("hit", "stand") or 2 + k > len(cards):
+        if len(names) != 1 or names[0] not in ("hit", "stand") or game.done:
             break
-        hand = cards[: 2 + k]
-        out.append((total(hand), up, usable_ace(hand), names[0] == "hit"))
-    return out
+        out.append((total(game.player), game.dealer[0], usable_ace(game.player), names[0] == "hit"))
+        if names[0] == "stand":
+            return Hand(out, None)
+        game.hit()
+    if trajectory.info.get("stop_reason") == "done" or game.done:
+        return Hand(out, None)
+    return Hand(out, (total(game.player), game.dealer[0], usable_ace(game.player)))
 
 
 def strategy_table(decisions: Iterable[Decision]) -> dict[str, Any]:
