@@ -105,7 +105,8 @@ def _sleeping(root: Path) -> int:
 
 @pytest.mark.parametrize("signals", PLANS, ids=lambda n: f"sigint-x{n}")
 def test_ctrl_c_during_agent_episodes_leaves_no_process(signals, qwen3_tokenizer, tmp_path):
-    agents = [agent for agent in AGENTS if agent_installed(agent)]
+    # Claude Code is left out until it reaches the sleep under this script (open on issue 33).
+    agents = [agent for agent in AGENTS if agent_installed(agent) and agent != "claude-code"]
     if not agents:
         pytest.skip("no agent is installed (run .ci/agents-tier)")
     sandboxes = tmp_path / "sandboxes"

