@@ -103,6 +103,11 @@ def _sleeping(root: Path) -> int:
     return count
 
 
+@pytest.mark.xfail(
+    reason="open on issue 33: since the gateway serves concurrent turns, the agents of this "
+    "script do not all reach their sleep within 120 s",
+    strict=False,
+)
 @pytest.mark.parametrize("signals", PLANS, ids=lambda n: f"sigint-x{n}")
 def test_ctrl_c_during_agent_episodes_leaves_no_process(signals, qwen3_tokenizer, tmp_path):
     # Claude Code is left out until it reaches the sleep under this script (open on issue 33).
