@@ -10,11 +10,14 @@
   stdout, hand it out as a `ServerProcess`, stop it on every path (`spawn_server` and
   `stop_server` are its two halves, for a pool that owns the lifetime); `plies_command`
   spells `python -m plies ...` for this interpreter.
+- `sandbox_processes`: the processes still labelled with a sandbox under a directory, the
+  leak check after an episode or a Ctrl-C.
 
 It imports only the low layers, so users test their own envs against real servers the same
 way plies tests itself.
 """
 
+from ._leaks import sandbox_processes as sandbox_processes
 from ._models import DEFAULT_MAX_POSITIONS as DEFAULT_MAX_POSITIONS
 from ._models import FIRST_ADDED_ID as FIRST_ADDED_ID
 from ._models import KIT_VERSION as KIT_VERSION
@@ -57,6 +60,7 @@ __all__ = [
     "plies_command",
     "qwen3_tokenizer_dir",
     "render_completion",
+    "sandbox_processes",
     "serve_process",
     "serve_process_sync",
     "spawn_server",

@@ -20,23 +20,10 @@ import pytest
 
 from plies.environments import marked_processes
 from plies.runtime import read_groups, read_report
+from plies.testing import sandbox_processes
 
 HERE = Path(__file__).parent
 PLIES = str(Path(sys.executable).with_name("plies"))
-
-
-def sandbox_processes(root: Path) -> list[int]:
-    needle = f"PLIES_SANDBOX_ID={root}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if any(v.startswith(needle) for v in environ.split(b"\0")):
-                found.append(int(entry.name))
-    return found
 
 
 def one_run(kind: str, run_dir: Path, npm_bin: Path, interrupts: int) -> None:

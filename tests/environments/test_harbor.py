@@ -21,6 +21,7 @@ from plies.environments import HarborEnv, HarborTask, Task, reap_sandbox
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import SamplingParams
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
+from plies.testing import sandbox_processes
 from plies.tokens import ChatRenderer
 
 pytestmark = pytest.mark.anyio
@@ -28,21 +29,6 @@ pytestmark = pytest.mark.anyio
 TASKS = Path(__file__).parents[2] / "examples" / "harbor"
 BASE = "FROM ubuntu:24.04\nWORKDIR /app\n"
 FIX = "sed -i 's|/ (len(values) + 1)|/ len(values)|' /app/stats/core.py"
-
-
-def sandbox_processes(root: Path) -> list[int]:
-    """Live processes marked as belonging to a sandbox under `root`."""
-    needle = f"PLIES_SANDBOX_ID={root}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if any(v.startswith(needle) for v in environ.split(b"\0")):
-                found.append(int(entry.name))
-    return found
 
 
 async def play(tokenizer, script, task: HarborTask, root: Path, n: int = 1):
