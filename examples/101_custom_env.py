@@ -1,35 +1,30 @@
-"""Your first env: a guessing game, one group of episodes on the reference server, one GRPO step.
+"""Your first env, trained: a guessing game, GRPO on the reference server with `plies.rl.train`.
 
-    python examples/101_custom_env.py
+    python examples/101_custom_env.py [RUN_DIR]
 
-The tiny offline model is random, so it rarely calls `guess`: its episodes end cut off or
-ill-formed, the harness's default `RewardPolicy` scores them (docs/environments.md), and the
-group still trains. Its rewards mostly tie, so the step moves little; a real model (or the
-Blackjack demo's warm start, `plies demo blackjack`) makes them differ.
+Run it again with the same RUN_DIR after Ctrl-C and it resumes. The tiny offline model is
+random, so it rarely calls `guess`: its episodes end cut off, the harness's `RewardPolicy`
+scores them alike (docs/environments.md), and groups whose members all scored alike teach
+nothing, so the loop sets them aside and stops once a few batches' worth in a row did. A
+model that calls the tool (or the Blackjack demo's warm start) gives groups that train.
 """
 
 import random
-import tempfile
+import sys
 from pathlib import Path
 from typing import Annotated
 
-import anyio
 from pydantic import Field
 from transformers import AutoTokenizer
 
-from plies import PolicyRef
+from plies import PolicyRef, rl
 from plies.environments import Env, Observation, Task, ToolResult, tool
-from plies.harness import EnvGroup, ToolCallingHarness, play_groups
+from plies.harness import ToolCallingHarness
 from plies.policy import SamplingParams, VLLMClient
+from plies.runtime import Interrupts, run
 from plies.testing import plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer
-from plies.training import (
-    AdamParams,
-    TrainingClient,
-    group_advantages,
-    training_batch,
-    training_groups,
-)
+from plies.training import TrainingClient
 
 
 class Guess(Env):
@@ -45,30 +40,31 @@ class Guess(Env):
         return ToolResult(content="Higher." if n < self.secret else "Lower.")
 
 
-async def main() -> None:
-    model, log = tiny_model_dir(), Path(tempfile.mkdtemp()) / "serve.log"
+async def main(out: Path, interrupts: Interrupts) -> None:
+    model = tiny_model_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    serve = plies_command("serve", str(model), "--state-dir", str(out / "server"))
     async with (
-        serve_process(plies_command("serve", str(model)), log=log) as server,
+        serve_process(serve, log=out / "server.log") as server,
         VLLMClient(server.url, server.ready["model"]) as sampler,
         TrainingClient(server.url) as trainer,
     ):
         renderer = ChatRenderer(AutoTokenizer.from_pretrained(model))
         harness = ToolCallingHarness(renderer, sampler, SamplingParams(max_tokens=24))
-        policy = PolicyRef.model_validate(server.ready["policy"])
-        group = EnvGroup(Task(id="guess-7", seed=7), Guess, size=4)
-        groups = await play_groups(harness, [group], policy=policy)
-        for t in groups[0].trajectories:
-            said = t.messages[-1]["content"][:40]
-            print(f"{t.status} ({t.info['stop_reason']}), reward {t.reward}: {said!r}")
-        selection = training_groups(groups, policy=policy, max_staleness=0)
-        advantages = [group_advantages(g) for g in selection.trainable]
-        print(f"trainable {len(selection.trainable)}, refused {len(selection.refused)}, "
-              f"advantages {advantages}")  # fmt: skip
-        batch = training_batch(selection.trainable, advantages, temperature=1.0)
-        await trainer.forward_backward(batch, loss="importance_sampling")
-        await trainer.optim_step(AdamParams(lr=1e-3))
-        print(f"trained one step: policy version {(await trainer.save_policy()).version}")
+        policy = await rl.train(
+            out / "grpo",
+            rl.GRPOConfig(steps=4, group_size=4, groups_per_step=2, max_idle_batches=2),
+            tasks=lambda i: Task(id=f"guess-{i}", seed=i),
+            env=Guess,
+            play=harness.play,
+            trainer=trainer,
+            sampler=sampler,
+            policy=PolicyRef.model_validate(server.ready["policy"]),
+            interrupts=interrupts,
+        )
+        print(f"trained to policy version {policy.version}; the run is in {out / 'grpo'}")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/guess")
+    raise SystemExit(run(lambda interrupts: main(out, interrupts)))

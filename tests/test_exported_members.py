@@ -21,6 +21,7 @@ PACKAGES = [
     "plies.harness",
     "plies.policy",
     "plies.recipes.blackjack",
+    "plies.rl",
     "plies.runtime",
     "plies.server",
     "plies.testing",

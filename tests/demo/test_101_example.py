@@ -1,29 +1,61 @@
-"""`examples/101_custom_env.py`, the first env, runs as is: its default group trains one step."""
+"""`examples/101_custom_env.py`, the first env, trains with `plies.rl.train` and resumes."""
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+from plies.rl import RUN_SCHEMA, RunLog
+from plies.runtime import read_groups
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "101_custom_env.py"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-MEMBER = re.compile(r"^(completed|truncated) \((\w+)\), reward (-?\d+\.\d+): ", re.M)
 
 
-def test_the_first_env_plays_a_group_and_trains_one_step(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE)], cwd=tmp_path, capture_output=True, text=True,
+def example(cwd: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLE), str(out)], cwd=cwd, capture_output=True, text=True,
         env=ENV, timeout=600,
     )  # fmt: skip
+
+
+def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(tmp_path):
+    cwd, out = tmp_path / "cwd", tmp_path / "run"
+    cwd.mkdir()
+    done = example(cwd, out)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    members = MEMBER.findall(done.stdout)
-    assert len(members) == 4, done.stdout  # one group of four, every member scored
-    assert all(
-        reason in ("done", "ill_formed") or reason.startswith("max_") for _, reason, _ in members
-    )
-    assert "trainable 1, refused 0" in done.stdout, done.stdout
-    assert "trained one step: policy version 1" in done.stdout, done.stdout
-    assert list(tmp_path.iterdir()) == [], "the example leaves nothing in the working directory"
+    run = json.loads((out / "grpo" / "run.json").read_text())
+    assert run["schema"] == RUN_SCHEMA and run["kind"] == "grpo"
+    assert run["config"]["group_size"] == 4 and run["config"]["steps"] == 4
+    groups = read_groups(out / "grpo" / "groups.jsonl")
+    assert groups.clean and groups.records
+    assert all(len(g.trajectories) == 4 for g in groups.records)
+    log = RunLog(out / "grpo" / "metrics.jsonl")
+    # Every group the log trained or set aside is on disk (fsynced before it was judged);
+    # groups that completed after the loop stopped are on disk too, untrained.
+    kinds = ("step", "set_aside", "skipped")
+    used = {g for kind in kinds for r in log.all(kind) for g in r["groups"]}
+    assert used and used <= {g.id for g in groups.records}
+    steps = log.all("step")
+    if steps:  # the random model's members scored differently at least once
+        assert f"policy version {steps[-1]['policy']['version']}" in done.stdout
+    else:  # they all tied: set aside, and the loop stopped after two batches' worth
+        assert {r["reason"] for r in log.all("set_aside")} <= {"tied", "truncated"}
+        assert "GRPO stopped at step 0: 16 episodes in a row trained nothing" in done.stderr
+    log.close()
+
+    again = example(cwd, out)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert f"resuming the run in {out / 'grpo'}" in again.stderr
+    assert read_groups(out / "grpo" / "groups.jsonl").records == groups.records  # no new work
+    assert list(cwd.iterdir()) == [], "the example writes only into its run directory"
+
+    view = subprocess.run(
+        [sys.executable, "-m", "plies", "view", str(out / "grpo")],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+    assert view.returncode == 0, view.stderr[-2000:]
+    assert (out / "grpo" / "view.html").stat().st_size > 0  # the viewer reads the schema

@@ -1,4 +1,5 @@
-"""`examples/blackjack_grpo.py`, the cookbook's GRPO loop, runs end to end on the smoke budget."""
+"""`examples/blackjack_grpo.py`, Blackjack on `plies.rl.train`, runs end to end on the smoke budget
+and resumes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from plies.rl import RunLog
 from plies.runtime import read_groups
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "blackjack_grpo.py"
@@ -30,13 +32,22 @@ def test_example_warm_starts_trains_and_evaluates(tmp_path):
     done = example(out)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["grpo_steps"] == 3
+    log = RunLog(out / "grpo" / "metrics.jsonl")
+    steps = log.all("step")
+    log.close()
+    assert [r["step"] for r in steps] == [0, 1, 2]  # the smoke budget's three steps
+    assert summary["policy"] == steps[-1]["policy"]["version"]
     assert math.isfinite(summary["warm_start_return"]), summary
     assert math.isfinite(summary["final_return"]), summary
     assert "warm start: return" in done.stdout and "after GRPO: return" in done.stdout
-    groups = read_groups(out / "groups.jsonl")
+    groups = read_groups(out / "grpo" / "groups.jsonl")
     assert groups.clean and groups.records
     assert all(len(g.trajectories) == 4 for g in groups.records)  # the smoke group size
 
-    again = example(out)  # it does not resume: an earlier run's directory is refused
-    assert again.returncode == 2 and "choose a new --out" in again.stderr
+    again = example(out)  # the same command resumes: the steps are not taken again
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "resuming the run in" in again.stderr
+    resumed = RunLog(out / "grpo" / "metrics.jsonl")
+    assert resumed.all("step") == steps
+    resumed.close()
+    assert json.loads((out / "summary.json").read_text())["policy"] == summary["policy"]

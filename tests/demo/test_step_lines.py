@@ -5,15 +5,9 @@ a row trained nothing."""
 from __future__ import annotations
 
 from plies import PolicyRef
-from plies.recipes.blackjack import BUDGETS, RunLog
+from plies.recipes.blackjack import BUDGETS
 from plies.recipes.blackjack.config import MAX_IDLE_BATCHES
-from plies.recipes.blackjack.report import (
-    REFUSALS,
-    idle_streak,
-    set_aside_counts,
-    step_line,
-    stopped_line,
-)
+from plies.rl import REFUSALS, RunLog, idle_streak, set_aside_counts, step_line, stopped_line
 from plies.training import RefusalReason
 
 POLICY = PolicyRef(uri="file:///run/server/policies/7", version=7, digest="")

@@ -23,7 +23,6 @@ from plies.recipes.blackjack.report import (
     result_lines,
     write_summary,
 )
-from plies.recipes.blackjack.runlog import RunLog
 from plies.recipes.blackjack.strategy import (
     HARD_TOTALS,
     SOFT_TOTALS,
@@ -34,6 +33,7 @@ from plies.recipes.blackjack.strategy import (
     played_policy,
     strategy_table,
 )
+from plies.rl import RunLog
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -10,7 +10,7 @@
    while the total is below a threshold of its own), so the model learns the call's format
    and to read the total, but no threshold and nothing about the dealer's card, which are
    left to RL (the quick and smoke budgets flip coins: the format only);
-4. GRPO (`grpo`): each group is G episodes of one seeded deal, advantages are each reward
+4. GRPO (`grpo`, on `plies.rl.grpo`, the loop every trainer script shares): each group is G episodes of one seeded deal, advantages are each reward
    minus the group mean (in the default budget, less half the share that moves every
    state alike: `contrast`), `training_groups` checks every group, then `forward_backward`
    (PPO's clipped ratio) + `optim_step` + `save_policy` + publish; every episode samples at
@@ -22,16 +22,18 @@
    (the headline: each policy's decision shares priced exactly, `pricing`; the sampled
    returns beside the references on the same deals; 95% intervals, the paired improvement,
    the strategy table), `DIR/learning_curve.png` and `DIR/strategy.png` (`write_summary`).
+   `DIR` follows `plies.rl`'s run-directory schema (docs/rl.md), with the recipe's own
+   records added.
 
-Modules: `config` (budgets, seeds, prompt, reference returns), `runlog`, `warm_start`,
+Modules: `config` (budgets, seeds, prompt, reference returns), `warm_start`,
 `rewards`, `state` (the `RunState` every phase receives), `evaluation`, `grpo`, `contrast`
 (the `state_contrast` advantages), `report`,
 `strategy` (the hit/stand grid per total and up card, and the exact optimum), `pricing`
 (what a run's policies are worth exactly, and what its deals paid the references),
 `run` (servers, clients, pools, and the phases in order), `trainers` (`--trainer native` or
-`tinker`: plies' own wire, or the Tinker API's training and sampling clients), `progress`
-(the one live display, a bar with ETA per phase), `retention` (which published policies stay
-on disk, `--keep-policies`).
+`tinker`: plies' own wire, or the Tinker API's training and sampling clients), `retention`
+(which published policies stay on disk, `--keep-policies`). The run log, the live display and
+the GRPO loop are `plies.rl`'s.
 
 Resuming: everything that matters is in DIR. Completed groups are fsynced to
 `groups.jsonl` before training sees them; each step is announced in `metrics.jsonl`
@@ -41,7 +43,7 @@ it already applied (or says the gradients are gone, and they are recomputed). Ru
 same command again continues from the last published policy, and groups that completed
 but were not trained on yet are trained first.
 
-`examples/blackjack_grpo.py` is the same loop written out compactly on the core API.
+`examples/blackjack_grpo.py` is the same job written out compactly on `plies.rl.train`.
 """
 
 from .config import ALWAYS_STAND_RETURN as ALWAYS_STAND_RETURN
@@ -60,7 +62,6 @@ from .evaluation import EvalResult as EvalResult
 from .evaluation import evaluate as evaluate
 from .evaluation import play_held_out as play_held_out
 from .grpo import grpo as grpo
-from .grpo import train_on as train_on
 from .report import plot_curve as plot_curve
 from .report import plot_strategy as plot_strategy
 from .report import write_summary as write_summary
@@ -70,13 +71,10 @@ from .rewards import harness_for_budget as harness_for_budget
 from .run import main as main
 from .run import openenv_server as openenv_server
 from .run import policy_server as policy_server
-from .runlog import RunLog as RunLog
-from .state import Interrupted as Interrupted
 from .state import RunState as RunState
 from .strategy import optimal_hits as optimal_hits
 from .strategy import strategy_table as strategy_table
 from .warm_start import tool_call_ids as tool_call_ids
-from .warm_start import train_step as train_step
 from .warm_start import transcripts as transcripts
 from .warm_start import warm_start as warm_start
 
@@ -96,8 +94,6 @@ __all__ = [
     "Budget",
     "DemoConfig",
     "EvalResult",
-    "Interrupted",
-    "RunLog",
     "RunState",
     "evaluate",
     "grpo",
@@ -111,8 +107,6 @@ __all__ = [
     "policy_server",
     "strategy_table",
     "tool_call_ids",
-    "train_on",
-    "train_step",
     "transcripts",
     "warm_start",
     "write_summary",

@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any, Literal, get_args
 
 from plies import ConfigError
+from plies.rl import GRPOConfig
 from plies.training import LossName
 
 SYSTEM_PROMPT = "You play Blackjack. Reply with exactly one tool call: hit or stand."
@@ -134,14 +135,23 @@ class Budget:
         return self.warm_lr if step < self.warm_steps else self.warm_tail_lr
 
     @property
+    def grpo(self) -> GRPOConfig:
+        """The GRPO phase's settings, for `plies.rl.grpo`."""
+        return GRPOConfig(
+            steps=self.grpo_steps, group_size=self.group_size,
+            groups_per_step=self.groups_per_step, lr=self.lr, loss=self.loss, top_p=self.top_p,
+            max_staleness=MAX_STALENESS, max_idle_batches=MAX_IDLE_BATCHES,
+        )  # fmt: skip
+
+    @property
     def max_idle_episodes(self) -> int:
         """Episodes in a row that may train nothing before GRPO stops (`MAX_IDLE_BATCHES`)."""
-        return MAX_IDLE_BATCHES * self.groups_per_step * self.group_size
+        return self.grpo.max_idle_episodes
 
     @property
     def groups_in_flight(self) -> int:
         """The driver's bound on groups admitted ahead of training (staleness by pacing)."""
-        return MAX_STALENESS * self.groups_per_step
+        return self.grpo.groups_in_flight
 
 
 _LEAST: dict[str, float] = {

@@ -13,10 +13,11 @@ import anyio
 from plies import AdmissionClosed, PolicyRef, Status
 from plies.environments import Task
 from plies.harness import ToolCallingHarness
+from plies.rl import Interrupted
 from plies.runtime import GroupSpec, Interrupts, RolloutDriver, RolloutResources
 
 from .config import EVAL_SEEDS
-from .state import Interrupted, RunState
+from .state import RunState
 from .strategy import Cell, Decision, hand_of
 
 __all__ = ["Z95", "EvalResult", "evaluate", "mean_stderr", "play_held_out"]

@@ -9,24 +9,20 @@ import contextlib
 import json
 import math
 import os
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from plies import PolicyRef
+from plies.rl import RunLog
 
 from .config import (
     ALWAYS_STAND_RETURN,
-    MAX_STALENESS,
     OPTIMAL_RETURN,
     RANDOM_RETURN,
     DemoConfig,
 )
 from .evaluation import Z95, mean_stderr
 from .pricing import REFERENCES, difference, on_deals, price_record
-from .runlog import RunLog
 from .strategy import (
     HARD_TOTALS,
     SOFT_TOTALS,
@@ -40,18 +36,13 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = [
-    "REFUSALS",
     "disk_bytes",
     "exact_figures",
-    "idle_streak",
     "paired_improvement",
     "plot_curve",
     "plot_strategy",
     "print_result",
     "result_lines",
-    "set_aside_counts",
-    "step_line",
-    "stopped_line",
     "write_summary",
 ]
 
@@ -236,87 +227,6 @@ def disk_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):  # removed meanwhile (a pruned policy)
                 total += os.lstat(os.path.join(root, name)).st_size
     return total
-
-
-REFUSALS = MappingProxyType(
-    {
-        "duplicate": "seen twice",
-        "foreign_member": "a member of another task",
-        "incomplete": "members missing",
-        "failed_member": "a member failed or was cancelled",
-        "truncated": "a member was cut off by a budget",
-        "non_finite_reward": "a member has no reward",
-        "mixed_policy": "sampled by more than one policy",
-        "stale": f"sampled more than {MAX_STALENESS} policy versions ago",
-        "misaligned": "tokens, masks and logprobs disagree",
-        "empty": "a member sampled no token",
-    }
-)
-"""What each `RefusalReason` means, in the words a step line uses."""
-
-
-def step_line(
-    step: int, info: dict[str, Any], policy: PolicyRef | None, set_aside: dict[str, int]
-) -> str:
-    """One GRPO batch for the terminal: what trained, what was refused and why, what tied.
-
-    A refused group failed the checks `training_groups` runs before any training (its
-    rewards or tokens cannot be trusted); a tied group passed them, but its members all
-    scored alike, so every advantage is 0 and it teaches nothing. `set_aside` counts, by
-    reason, the groups judged so as they arrived while the batch filled (`set_aside_counts`).
-    `policy` None: the batch trained nothing and is not counted as a step.
-    """
-    groups = len(info["groups"])
-    useful = info["trainable"] - info.get("tied", 0)
-    ret = info["train_return"]
-    parts = [f"trained on {useful} of {groups} groups"]
-    if ret is not None:
-        parts[0] += f" (train return {ret:+.3f})"
-    reasons = Counter(r.split(": ", 1)[-1] for r in info["refused"])
-    if reasons:
-        why = ", ".join(f"{n} {REFUSALS.get(k, k)}" for k, n in reasons.most_common())
-        parts.append(f"{len(info['refused'])} refused by the checks before training ({why})")
-    if info.get("tied"):
-        parts.append(f"{info['tied']} tied (members all scored alike: nothing to learn)")
-    if set_aside:
-        why = ", ".join(f"{n} {REFUSALS.get(k, k)}" for k, n in Counter(set_aside).most_common())
-        parts.append(f"{sum(set_aside.values())} set aside while the batch filled ({why})")
-    if policy is None:
-        return f"step {step}: {'; '.join(parts)}; not a step, sampling another batch"
-    return f"step {step} -> policy v{policy.version}: {'; '.join(parts)}"
-
-
-def stopped_line(step: int, episodes: int) -> str:
-    """Why GRPO ended before its budget of steps."""
-    return (
-        f"GRPO stopped at step {step}: {episodes} episodes in a row trained nothing (their "
-        "groups all tied, certain or refused), so the policy has stopped exploring; the final "
-        "evaluation follows"
-    )
-
-
-def idle_streak(log: RunLog, group_size: int) -> int:
-    """Episodes that trained nothing since the last step that trained (resumes included):
-    their groups set aside as they arrived, or in a batch that trained nothing. A record
-    without its episodes (a batch, or a log older than the field) held full groups."""
-    streak = 0
-    for record in reversed(log.records):
-        if record["kind"] == "step":
-            break
-        if record["kind"] in ("skipped", "set_aside"):
-            streak += record.get("episodes", len(record["groups"]) * group_size)
-    return streak
-
-
-def set_aside_counts(log: RunLog) -> dict[str, int]:
-    """Why the groups set aside while the current batch filled were (reason: count)."""
-    counts: Counter[str] = Counter()
-    for record in reversed(log.records):
-        if record["kind"] in ("step", "skipped"):
-            break
-        if record["kind"] == "set_aside":
-            counts[record["reason"]] += 1
-    return dict(counts)
 
 
 def plot_curve(evals: Iterable[dict[str, Any]], path: Path) -> None:

@@ -33,6 +33,7 @@ from plies.environments import (
     SandboxedBlackjackEnv,
 )
 from plies.policy import SeededPolicy
+from plies.rl import RESUME_HINT, Interrupted, RunLog, RunProgress
 from plies.runtime import EnvPool, Interrupts, RolloutResources, run, write_atomic
 from plies.testing import plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer
@@ -50,17 +51,13 @@ from .config import (
 )
 from .evaluation import evaluate
 from .grpo import grpo
-from .progress import RunProgress
 from .report import print_result, write_summary
 from .rewards import harness_for_budget, sampling_for_budget
-from .runlog import RunLog
-from .state import Interrupted, RunState
+from .state import RunState
 from .trainers import Serving, open_clients
 from .warm_start import applied_steps, transcripts, warm_start
 
 __all__ = ["main", "openenv_server", "policy_server"]
-
-RESUME_HINT = "[yellow]interrupted[/]: run the same command again to resume"
 
 OPENENV_SESSIONS = 32
 """Concurrent sessions the OpenEnv server accepts (`--env openenv`)."""

@@ -11,23 +11,18 @@ from rich.console import Console
 from plies import PolicyRef
 from plies.harness import ToolCallingHarness
 from plies.policy import TinkerPolicyClient, VLLMClient, publish
+from plies.rl import Interrupted, RunLog, RunProgress
 from plies.runtime import Interrupts, RolloutResources
 from plies.tokens import ChatRenderer
 from plies.training import TinkerTrainingClient, Trainer
 
 from .config import Budget, DemoConfig
-from .progress import RunProgress
 from .retention import prune_policies, prune_service_policies
-from .runlog import RunLog
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["Interrupted", "RunState"]
-
-
-class Interrupted(Exception):
-    """Ctrl-C arrived; the run stops after what it was doing settled (it resumes later)."""
+__all__ = ["RunState"]
 
 
 @dataclass(frozen=True, slots=True)

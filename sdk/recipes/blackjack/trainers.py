@@ -27,11 +27,11 @@ from rich.console import Console
 
 from plies import ConfigError, PolicyError, PolicyRef, TrainingError
 from plies.policy import TinkerPolicyClient, VLLMClient
+from plies.rl import RunLog
 from plies.testing import ServerProcess
 from plies.training import TinkerTrainingClient, Trainer, TrainingClient
 
 from .config import DemoConfig
-from .runlog import RunLog
 
 if TYPE_CHECKING:
     from collections.abc import Callable

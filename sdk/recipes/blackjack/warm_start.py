@@ -6,26 +6,19 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from plies import PliesError, PolicyRef, TrainingGradientsLost, Trajectory, Turn
+from plies import PolicyRef, Trajectory, Turn
 from plies.environments import BlackjackEnv, Task
 from plies.policy import Completion
+from plies.rl import Metrics, train_step
 from plies.tokens import ChatRenderer
-from plies.training import (
-    AdamParams,
-    Datum,
-    LossName,
-    Trainer,
-    TrainingBatch,
-)
+from plies.training import Datum, Trainer, TrainingBatch
 
 from .config import SYSTEM_PROMPT, WARM_SEEDS, Budget, WarmPlayers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["applied_steps", "tool_call_ids", "train_step", "transcripts", "warm_start"]
-
-Metrics = dict[str, float]
+__all__ = ["applied_steps", "tool_call_ids", "transcripts", "warm_start"]
 
 
 def tool_call_ids(tokenizer: PreTrainedTokenizerBase, name: str) -> list[int]:
@@ -86,37 +79,6 @@ async def transcripts(
 def _canonical(ids: list[int], policy: PolicyRef) -> Completion:
     """A completion as if sampled: `ids` verbatim, zero logprobs (cross-entropy ignores them)."""
     return Completion(ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", policy=policy)
-
-
-async def train_step(
-    trainer: Trainer,
-    prefix: str,
-    batch: TrainingBatch,
-    *,
-    loss: LossName,
-    lr: float,
-) -> tuple[Metrics, Metrics]:
-    """forward_backward + optim_step with op ids derived from `prefix`, exactly once.
-
-    Re-running a step after a crash sends the same ids: the trainer answers what it already
-    applied. When it reports the gradients lost (it restarted between the two calls), the
-    forward_backward is redone under a new id and the step is taken once.
-
-    Returns:
-        The forward_backward and optim_step metrics.
-
-    Raises:
-        PliesError: the gradients were lost three times in a row.
-    """
-    for attempt in range(3):
-        tag = prefix if attempt == 0 else f"{prefix}-redo{attempt}"
-        try:
-            fb = await trainer.forward_backward(batch, loss=loss, op_id=f"{tag}-fb")
-            opt = await trainer.optim_step(AdamParams(lr=lr, grad_clip=1.0), op_id=f"{prefix}-opt")
-        except TrainingGradientsLost:
-            continue
-        return fb.metrics, opt.metrics
-    raise PliesError(f"step {prefix}: the trainer lost its gradients three times")
 
 
 async def applied_steps(trainer: Trainer) -> int:

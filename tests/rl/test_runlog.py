@@ -8,7 +8,7 @@ import json
 import pytest
 
 from plies import ConfigError
-from plies.recipes.blackjack import RunLog
+from plies.rl import RunLog
 
 
 def test_records_written_are_read_back_in_order(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from plies import PolicyRef
-from plies.recipes.blackjack.progress import RunProgress
+from plies.rl import RunProgress
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
 
 REF = PolicyRef(uri="plies://test/policies/0", version=0)

@@ -1,0 +1,175 @@
+"""`train`: GRPO on any env in one call, in a run directory that the same call resumes.
+
+The run directory (docs/rl.md has the whole schema):
+
+- `run.json`: `{"schema": 1, "kind": "grpo", "config": {...}}`, written once, atomically; a
+  later call with other settings is refused rather than mixed into the same log;
+- `metrics.jsonl`: the run log (`RunLog`), each step announced before it is sent and recorded
+  with its policy once it is published;
+- `groups.jsonl`: every completed group, fsynced before training sees it;
+- `quarantine.json`: envs the pool gave up on, if any.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import anyio
+from rich.console import Console
+
+from plies import ConfigError, PolicyRef
+from plies.environments import Env, Task
+from plies.policy import TinkerPolicyClient, VLLMClient, publish
+from plies.runtime import EnvPool, Interrupts, RolloutResources, write_atomic
+from plies.training import Trainer
+
+from ._grpo import Episode, GRPOConfig, Interrupted, Run, grpo
+from ._progress import RunProgress
+from ._runlog import RunLog
+
+__all__ = ["RESUME_HINT", "RUN_SCHEMA", "claim_run_dir", "train"]
+
+RUN_SCHEMA = 1
+"""The version of the run directory's layout, recorded in `run.json` as `schema`."""
+
+RESUME_HINT = "[yellow]interrupted[/]: run the same command again to resume"
+"""What a run says when Ctrl-C stopped it."""
+
+
+def claim_run_dir(out: Path, kind: str, settings: dict[str, Any]) -> bool:
+    """Record a run of `kind` with `settings` in `out/run.json`, or check the one there.
+
+    Returns:
+        True when `out` already held this run (the caller resumes it).
+
+    Raises:
+        ConfigError: `out` is a file, its `run.json` does not read back, or holds another kind
+            of run, another schema, or other settings (named, with their values).
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file, not a run directory")
+    out.mkdir(parents=True, exist_ok=True)
+    run_file = out / "run.json"
+    record = {"schema": RUN_SCHEMA, "kind": kind, "config": settings}
+    if not run_file.exists():
+        write_atomic(run_file, json.dumps(record).encode())
+        return False
+    try:
+        saved = json.loads(run_file.read_text())
+        saved_schema, saved_kind, saved_settings = saved["schema"], saved["kind"], saved["config"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(
+            f"{run_file} is not a run record ({type(err).__name__}: {err}); "
+            "remove it to start over, or choose another directory"
+        ) from None
+    if (saved_schema, saved_kind) != (RUN_SCHEMA, kind):
+        raise ConfigError(
+            f"{out} holds a {saved_kind!r} run of schema {saved_schema}, not a {kind!r} run of "
+            f"schema {RUN_SCHEMA}; choose another directory"
+        )
+    if saved_settings != settings:
+        names = sorted(settings.keys() | saved_settings.keys())
+        differ = [n for n in names if settings.get(n) != saved_settings.get(n)]
+        values = ", ".join(
+            f"{n}={saved_settings.get(n)!r} then, {settings.get(n)!r} now" for n in differ
+        )
+        raise ConfigError(
+            f"{out} holds a run made with other settings ({values}); resume it with the "
+            "settings it was made with, or choose another directory"
+        )
+    return True
+
+
+async def train(
+    out: Path | str,
+    config: GRPOConfig,
+    *,
+    tasks: Callable[[int], Task],
+    env: type[Env] | Callable[[], Awaitable[Env]],
+    play: Episode,
+    trainer: Trainer,
+    sampler: VLLMClient | TinkerPolicyClient,
+    policy: PolicyRef,
+    interrupts: Interrupts,
+    console: Console | None = None,
+) -> PolicyRef:
+    """Train `policy` with GRPO on `tasks`, in the run directory `out`; resume what is there.
+
+    Call it again with the same arguments after a crash or Ctrl-C and it continues: a step
+    cut off midway is replayed on its own groups with the same op ids, so the trainer applies
+    it once; the groups completed but not trained on are trained first.
+
+    Args:
+        tasks: `tasks(i)` is the task of the `i`-th group sampled.
+        env: an `Env` subclass (made with no arguments), or an async function making one.
+        play: plays one episode (`ToolCallingHarness.play`, an agent harness's `play`).
+        trainer: the training client; `sampler` samples on the same service.
+        policy: where a new run starts (a resumed run starts from its last step's policy).
+        interrupts: from `plies.runtime.run`, which gives Ctrl-C its three steps.
+
+    Returns:
+        The newest policy: the last step's, or `policy` when no step trained.
+
+    Raises:
+        ConfigError: `out` holds another run (`claim_run_dir`) or a damaged log.
+    """
+    out = Path(out)
+    console = console or Console(stderr=True, soft_wrap=True)
+    if claim_run_dir(out, "grpo", asdict(config)):
+        console.print(f"[bold]resuming[/] the run in {out}")
+    log = RunLog(out / "metrics.jsonl")
+    if log.torn_tail is not None:
+        console.print(
+            f"[yellow]metrics.jsonl[/]: line {log.torn_tail.line} was cut off by a crash "
+            "(the event it began did not complete); removed"
+        )
+    steps = log.all("step")
+    if steps:
+        policy = PolicyRef.model_validate(steps[-1]["policy"])
+    started = time.monotonic()
+
+    async def serve(new: PolicyRef) -> None:
+        await publish(new, [sampler])
+
+    limit = config.group_size * config.groups_in_flight
+    try:
+        async with RolloutResources(
+            policy=sampler,
+            pools=[EnvPool(_factory(env), limit=limit)],
+            report_path=out / "quarantine.json",
+        ) as resources:
+            with RunProgress(console) as progress:
+                run = Run(
+                    out=out, log=log, trainer=trainer, sampler=sampler, resources=resources,
+                    play=play, publish=serve, console=console, interrupts=interrupts,
+                    progress=progress,
+                )  # fmt: skip
+                await serve(policy)  # idempotent; a restarted server needs it
+                policy = await grpo(run, policy, config, tasks)
+    except Interrupted:
+        console.print(RESUME_HINT)
+    except anyio.get_cancelled_exc_class():
+        if interrupts.count:  # Ctrl-C with no episodes to drain stops at once
+            console.print(RESUME_HINT)
+        raise
+    finally:
+        log.write("session", seconds=time.monotonic() - started)
+        log.close()
+    return policy
+
+
+def _factory(env: type[Env] | Callable[[], Awaitable[Env]]) -> Callable[[], Awaitable[Env]]:
+    """An async function making one env, from an `Env` subclass or such a function."""
+    if not isinstance(env, type):
+        return env
+    env_class = env
+
+    async def make() -> Env:
+        return env_class()
+
+    return make
