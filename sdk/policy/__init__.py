@@ -25,12 +25,10 @@ from ._config import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from ._config import RetryPolicy as RetryPolicy
 from ._config import Timeout as Timeout
 from ._http import SESSION_HEADER as SESSION_HEADER
+from ._paths import policy_path as policy_path
 from ._publish import ReloadInPlace as ReloadInPlace
-from ._publish import load_lora_adapter as load_lora_adapter
-from ._publish import policy_path as policy_path
 from ._publish import publish as publish
 from ._publish import reload_weights as reload_weights
-from ._publish import unload_lora_adapter as unload_lora_adapter
 from ._seeded import SeededPolicy as SeededPolicy
 from ._seeded import turn_seed as turn_seed
 from ._sglang import SGLangClient as SGLangClient
@@ -40,6 +38,8 @@ from ._types import PolicyClient as PolicyClient
 from ._types import PolicyLoader as PolicyLoader
 from ._types import SamplingParams as SamplingParams
 from ._vllm import VLLMClient as VLLMClient
+from ._vllm import load_lora_adapter as load_lora_adapter
+from ._vllm import unload_lora_adapter as unload_lora_adapter
 
 __all__ = [
     "DEFAULT_RETRY",

@@ -5,9 +5,10 @@ trainer itself knows nothing about samplers. For every engine of a `VLLMClient` 
 name -> policy map) there are two ways, both taking a policy that was already saved (an
 immutable directory):
 
-- `load_lora_adapter` serves it under a new name next to the old ones, so episodes started
-  on the old name finish there. On vLLM the directory is a LoRA adapter; on the plies
-  reference server it is a published policy directory with full weights.
+- `load_lora_adapter` (beside the client, in `_vllm`) serves it under a new name next to the
+  old ones, so episodes started on the old name finish there. On vLLM the directory is a
+  LoRA adapter; on the plies reference server it is a published policy directory with full
+  weights.
 - `reload_weights` swaps the weights behind one name in place (vLLM dev mode):
   `/pause?mode=wait` -> `/collective_rpc reload_weights` -> `/reset_prefix_cache` ->
   `/update_weight_version` -> `/resume`. Resume always runs, even when a step fails or the
@@ -21,29 +22,21 @@ the weights' digest is checked against the policy's; vLLM answers with plain tex
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlparse
 
 import anyio
 
-from .._exceptions import ConfigError, PolicyError, PolicyResponseError, PolicyUnavailable
+from .._exceptions import ConfigError, PolicyError, PolicyUnavailable
 from ..trajectory import PolicyRef
+from ._paths import policy_path
 from ._types import PolicyLoader
 
-if TYPE_CHECKING:  # the client calls these helpers; they only name it
+if TYPE_CHECKING:  # the helpers drive a client; they only name it
     from ._vllm import VLLMClient
 
-__all__ = [
-    "ReloadInPlace",
-    "load_lora_adapter",
-    "policy_path",
-    "publish",
-    "reload_weights",
-    "unload_lora_adapter",
-]
+__all__ = ["ReloadInPlace", "publish", "reload_weights"]
 
 WAIT = {"mode": "wait"}
 """`/pause` lets requests in flight finish, so none is cut off or tagged with new weights."""
@@ -108,77 +101,6 @@ class ReloadInPlace:
         """Swap the weights behind `name` for `policy`'s, unless they already are."""
         if self.client.served().get(self.name) != policy:
             await reload_weights(self.client, policy, name=self.name)
-
-
-def policy_path(policy: PolicyRef) -> Path:
-    """The local directory of a policy with a `file://` URI.
-
-    Raises:
-        ConfigError: the URI is not a local file URI.
-    """
-    parsed = urlparse(policy.uri)
-    if parsed.scheme != "file":
-        raise ConfigError(
-            f"policy {policy.uri} is not a file:// URI; pass the directory the engines can read"
-        )
-    return Path(unquote(parsed.path))
-
-
-async def load_lora_adapter(
-    client: VLLMClient,
-    name: str,
-    policy: PolicyRef,
-    *,
-    path: str | Path | None = None,
-    replace: bool = False,
-) -> None:
-    """Serve `policy` as `name` on every engine of `client`, and register it there.
-
-    Args:
-        name: the served name to create (or replace with `replace=True`).
-        policy: what is being loaded; every completion from `name` is tagged with it.
-        path: the directory engines read; defaults to the policy's file URI.
-        replace: swap an existing `name` in place (`load_inplace`); requests to `name` are
-            held while it happens.
-    """
-    target = str(path or policy_path(policy))
-    body = {"lora_name": name, "lora_path": target, "load_inplace": replace}
-
-    async def load_everywhere() -> None:
-        for url in client.base_urls:
-            answer = await client._send(url, "/v1/load_lora_adapter", body, want_json=False)
-            _check_loaded(url, name, policy, answer)
-        client.register(name, policy)
-
-    if replace:
-        async with client.switching(name):
-            await load_everywhere()
-    else:
-        await load_everywhere()
-
-
-def _check_loaded(url: str, name: str, policy: PolicyRef, answer: str) -> None:
-    """Where the engine reports the `PolicyRef` it loaded (the reference server does), its
-    digest must be the policy's: other weights behind the name would mislabel every sample."""
-    try:
-        body = json.loads(answer)
-    except ValueError:
-        return  # vLLM: a plain-text confirmation
-    reported = body.get("plies_policy") if isinstance(body, dict) else None
-    if not isinstance(reported, dict) or not policy.digest:
-        return
-    if reported.get("digest") != policy.digest:
-        raise PolicyResponseError(
-            f"{url} loaded {name} with digest {reported.get('digest')}, expected {policy.digest}",
-            url=url,
-        )
-
-
-async def unload_lora_adapter(client: VLLMClient, name: str) -> None:
-    """Stop serving `name` on every engine of `client` (frees its memory)."""
-    for url in client.base_urls:
-        await client._send(url, "/v1/unload_lora_adapter", {"lora_name": name}, want_json=False)
-    client.forget(name)
 
 
 async def reload_weights(

@@ -157,8 +157,9 @@ class TinkerPolicyClient(AsyncLifecycle):
         self._check_open("load a policy")
         await self._sampler(policy)
 
-    def unload_policy(self, policy: PolicyRef) -> None:
-        """Close this client's sampler of `policy` (episodes that still ask for it reopen it)."""
+    async def unload_policy(self, policy: PolicyRef) -> None:
+        """Close this client's sampler of `policy` (episodes that still ask for it reopen it);
+        the service keeps the weights."""
         self._samplers.pop(policy.uri, None)
 
     async def _sampler(self, policy: PolicyRef) -> tinker.SamplingClient:

@@ -7,13 +7,17 @@ While a helper swaps the weights behind a name, `switching` holds new requests b
 waits for this client's requests to that name to finish, so no answer can straddle a swap.
 
 The client is also a `PolicyLoader`: `load_policy` serves a saved policy under
-`served_name(version)`, so `publish(policy, [client])` is the whole publish cycle.
+`served_name(version)`, so `publish(policy, [client])` is the whole publish cycle, and
+`unload_policy` frees it. `load_lora_adapter` and `unload_lora_adapter` are those steps under
+any name; they live here, beside the client whose name -> policy map they keep.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,11 +27,11 @@ from ..trajectory import PolicyRef
 from ..wire.sampling import served_name
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 from ._http import SESSION_HEADER, HTTPPolicyClient, PolicyChoice
-from ._publish import load_lora_adapter
+from ._paths import policy_path
 from ._transport import DEFAULT_TRANSPORT, TransportName
 from ._types import Completion, SamplingParams
 
-__all__ = ["VLLMClient"]
+__all__ = ["VLLMClient", "load_lora_adapter", "unload_lora_adapter"]
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -116,6 +120,13 @@ class VLLMClient(HTTPPolicyClient):
             await self.refresh()  # it may already serve it (an earlier publish)
         if self.served().get(name) != policy:
             await load_lora_adapter(self, name, policy, replace=name in self.served())
+
+    async def unload_policy(self, policy: PolicyRef) -> None:
+        """Stop serving `policy` under `served_name(policy.version)` on every engine (frees
+        its memory); nothing happens when this client does not serve it there."""
+        name = served_name(policy.version)
+        if self.served().get(name) == policy:
+            await unload_lora_adapter(self, name)
 
     async def _get_json(self, path: str) -> Any:
         return await self._send(await self._choose(None), path, None, method="GET")
@@ -226,3 +237,60 @@ class VLLMClient(HTTPPolicyClient):
                 f"for {name!r}; call register({name!r}, policy_ref)"
             )
         return Completion(ids=ids, logprobs=logprobs, finish_reason=reason, policy=policy)
+
+
+async def load_lora_adapter(
+    client: VLLMClient,
+    name: str,
+    policy: PolicyRef,
+    *,
+    path: str | Path | None = None,
+    replace: bool = False,
+) -> None:
+    """Serve `policy` as `name` on every engine of `client`, and register it there.
+
+    Args:
+        name: the served name to create (or replace with `replace=True`).
+        policy: what is being loaded; every completion from `name` is tagged with it.
+        path: the directory engines read; defaults to the policy's file URI.
+        replace: swap an existing `name` in place (`load_inplace`); requests to `name` are
+            held while it happens.
+    """
+    target = str(path or policy_path(policy))
+    body = {"lora_name": name, "lora_path": target, "load_inplace": replace}
+
+    async def load_everywhere() -> None:
+        for url in client.base_urls:
+            answer = await client._send(url, "/v1/load_lora_adapter", body, want_json=False)
+            _check_loaded(url, name, policy, answer)
+        client.register(name, policy)
+
+    if replace:
+        async with client.switching(name):
+            await load_everywhere()
+    else:
+        await load_everywhere()
+
+
+def _check_loaded(url: str, name: str, policy: PolicyRef, answer: str) -> None:
+    """Where the engine reports the `PolicyRef` it loaded (the reference server does), its
+    digest must be the policy's: other weights behind the name would mislabel every sample."""
+    try:
+        body = json.loads(answer)
+    except ValueError:
+        return  # vLLM: a plain-text confirmation
+    reported = body.get("plies_policy") if isinstance(body, dict) else None
+    if not isinstance(reported, dict) or not policy.digest:
+        return
+    if reported.get("digest") != policy.digest:
+        raise PolicyResponseError(
+            f"{url} loaded {name} with digest {reported.get('digest')}, expected {policy.digest}",
+            url=url,
+        )
+
+
+async def unload_lora_adapter(client: VLLMClient, name: str) -> None:
+    """Stop serving `name` on every engine of `client` (frees its memory)."""
+    for url in client.base_urls:
+        await client._send(url, "/v1/unload_lora_adapter", {"lora_name": name}, want_json=False)
+    client.forget(name)

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from plies import AdmissionClosed, ConfigError, Group, PolicyRef, Trajectory
 from plies.environments import Task
-from plies.policy import TinkerPolicyClient, VLLMClient, unload_lora_adapter
+from plies.policy import TinkerPolicyClient, VLLMClient
 from plies.runtime import (
     EpisodeContext,
     GroupSpec,
@@ -42,7 +42,6 @@ from plies.training import (
     training_batch,
     training_groups,
 )
-from plies.wire import served_name
 
 from ._lines import step_line, stopped_line
 from ._progress import RunProgress
@@ -314,7 +313,7 @@ async def grpo(
     waiting, next_index = _untrained(run, step)
     if waiting:
         run.console.print(f"resuming at step {step} with {len(waiting)} completed untrained groups")
-    served = {policy.version}
+    served = {policy.version: policy}
 
     def spec(index: int) -> GroupSpec:
         task, gid = tasks(index), _group_id(index)
@@ -385,7 +384,7 @@ async def grpo(
                     await run.publish(new)
                     driver.set_policy(new)
                     policy = new
-                    served.add(new.version)
+                    served[new.version] = new
                     run.log.write(
                         "step", step=step, policy=policy.model_dump(),
                         seconds=time.monotonic() - t0, **info,
@@ -410,16 +409,15 @@ async def grpo(
 
 
 async def _unload_unused(
-    client: VLLMClient | TinkerPolicyClient, served: set[int], policy: PolicyRef, staleness: int
+    sampler: VLLMClient | TinkerPolicyClient,
+    served: dict[int, PolicyRef],
+    policy: PolicyRef,
+    staleness: int,
 ) -> None:
     """Stop serving versions no admitted group can still sample from (memory stays flat).
 
     Groups in flight are at most `staleness` steps behind the newest policy: the driver admits
-    at most that many steps' worth of groups ahead of training. A Tinker sampler holds nothing
-    here (the service keeps the weights), so there is nothing to unload.
+    at most that many steps' worth of groups ahead of training.
     """
-    if isinstance(client, TinkerPolicyClient):
-        return
     for version in sorted(v for v in served if v < policy.version - staleness):
-        await unload_lora_adapter(client, served_name(version))
-        served.discard(version)
+        await sampler.unload_policy(served.pop(version))

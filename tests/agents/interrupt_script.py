@@ -17,7 +17,7 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
 
-from conftest import AGENTS, agent_gateway
+from agent_kit import AGENTS, agent_gateway
 from transformers import AutoTokenizer
 
 from plies import testing

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import require_agent
+from agent_kit import require_agent
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "agent_cli_grpo.py"
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import AGENTS, agent_installed
+from agent_kit import AGENTS, agent_installed
 
 from plies.runtime import read_report
 

@@ -9,7 +9,7 @@ after the agent exited.
 from __future__ import annotations
 
 import pytest
-from conftest import AGENTS, SCRIPTS, TASK, agent_gateway, require_agent
+from agent_kit import AGENTS, SCRIPTS, TASK, agent_gateway, require_agent
 
 from plies import Status
 from plies.environments import LocalProcessBackend

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import AGENTS, TASK, agent_gateway, require_agent
+from agent_kit import AGENTS, TASK, agent_gateway, require_agent
 
 from plies import Status, testing
 from plies.environments import LocalProcessBackend

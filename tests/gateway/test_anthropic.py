@@ -12,7 +12,7 @@ import anthropic
 import anyio
 import httpx
 import pytest
-from conftest import gateway_stack
+from gateway_kit import gateway_stack
 from test_gateway_http import assert_recorded_exactly, call_ids
 
 pytestmark = pytest.mark.anyio

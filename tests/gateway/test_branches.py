@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import gateway_stack
+from gateway_kit import gateway_stack
 from test_anthropic import client_for
 
 pytestmark = pytest.mark.anyio

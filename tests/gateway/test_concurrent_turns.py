@@ -11,7 +11,7 @@ from __future__ import annotations
 import anthropic
 import anyio
 import pytest
-from conftest import gateway_stack
+from gateway_kit import gateway_stack
 from test_anthropic import client_for
 
 from plies.gateway._session import MAX_TURNS_IN_FLIGHT

@@ -10,7 +10,7 @@ import threading
 import anyio
 import openai
 import pytest
-from conftest import gateway_stack
+from gateway_kit import gateway_stack
 
 from plies.gateway import ThreadedGatewayServer
 from plies.policy import SamplingParams, VLLMClient

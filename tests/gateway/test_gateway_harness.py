@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import gateway_stack
+from gateway_kit import gateway_stack
 from test_gateway_http import assert_recorded_exactly, call_ids
 
 from plies import Status

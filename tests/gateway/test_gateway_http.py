@@ -12,7 +12,7 @@ import anyio
 import httpx
 import openai
 import pytest
-from conftest import TOOLS, gateway_stack
+from gateway_kit import TOOLS, gateway_stack
 
 from plies import Status
 

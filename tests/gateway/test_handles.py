@@ -11,7 +11,7 @@ is a new branch too (`thinking_dropped`). Requests come from the official `anthr
 from __future__ import annotations
 
 import pytest
-from conftest import gateway_stack
+from gateway_kit import gateway_stack
 from test_anthropic import BASH, client_for, think_ids
 from test_gateway_http import assert_recorded_exactly
 from test_responses import CODEX, TOOLS

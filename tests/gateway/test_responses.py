@@ -13,7 +13,7 @@ import json
 import httpx
 import openai
 import pytest
-from conftest import gateway_stack
+from gateway_kit import gateway_stack
 from test_anthropic import think_ids
 from test_gateway_http import assert_recorded_exactly, call_ids
 

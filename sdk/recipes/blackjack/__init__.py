@@ -10,7 +10,8 @@
    while the total is below a threshold of its own), so the model learns the call's format
    and to read the total, but no threshold and nothing about the dealer's card, which are
    left to RL (the quick and smoke budgets flip coins: the format only);
-4. GRPO (`grpo`, on `plies.rl.grpo`, the loop every trainer script shares): each group is G episodes of one seeded deal, advantages are each reward
+4. GRPO (`grpo`, on `plies.rl.grpo`, the loop every trainer script shares): each group is
+   G episodes of one seeded deal, advantages are each reward
    minus the group mean (in the default budget, less half the share that moves every
    state alike: `contrast`), `training_groups` checks every group, then `forward_backward`
    (PPO's clipped ratio) + `optim_step` + `save_policy` + publish; every episode samples at
