@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from plies import Group, PliesError, TrajectoryError
+from plies.rl import RUN_SCHEMA
 from plies.runtime import QuarantineReport
 from plies.training import grpo_advantages
 
@@ -242,6 +243,11 @@ class RunReader:
         if not self.run_dir.is_dir():
             problems.append(f"{self.run_dir} is not a directory")
         run = self._json_file("run.json", problems, "the run's options are unknown")
+        if run is not None and run.get("schema", RUN_SCHEMA) != RUN_SCHEMA:
+            problems.append(
+                f"run.json is of schema {run['schema']!r}, and this plies reads schema "
+                f"{RUN_SCHEMA} (docs/rl.md): records it does not know are left out"
+            )
         summary = self._json_file(
             "summary.json", problems, "the run has not finished (or was cut off before it did)"
         )

@@ -65,3 +65,18 @@ def test_a_line_over_its_cap_is_a_problem(tmp_path, qwen3_tokenizer, monkeypatch
     monkeypatch.setattr(_files, "LINE_CAP", 1000)
     problems = RunView(run)._reader.refresh().problems
     assert any("groups.jsonl holds" in p and "more than the 100 allowed" in p for p in problems)
+
+
+def test_a_run_of_another_schema_is_shown_with_a_problem_saying_so(tmp_path, qwen3_tokenizer):
+    from plies.rl import RUN_SCHEMA
+
+    run = write_run(tmp_path / "run", qwen3_tokenizer, groups=2, size=2, turns=2)
+    record = json.loads((run / "run.json").read_text())
+    assert RunView(run)._reader.refresh().problems == []  # a recipe's run, no schema: fine
+    (run / "run.json").write_text(json.dumps({**record, "schema": RUN_SCHEMA + 1}))
+    snap = RunView(run)._reader.refresh()
+    assert snap.problems == [
+        f"run.json is of schema {RUN_SCHEMA + 1}, and this plies reads schema {RUN_SCHEMA} "
+        "(docs/rl.md): records it does not know are left out"
+    ]
+    assert len(snap.groups) == 2  # the rest of the run is read

@@ -33,7 +33,7 @@ from plies.environments import (
     SandboxedBlackjackEnv,
 )
 from plies.policy import SeededPolicy
-from plies.rl import RESUME_HINT, Interrupted, RunLog, RunProgress
+from plies.rl import RESUME_HINT, RUN_SCHEMA, Interrupted, RunLog, RunProgress
 from plies.runtime import EnvPool, Interrupts, RolloutResources, run, write_atomic
 from plies.testing import plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer
@@ -160,6 +160,8 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
         sampler = {"batch_invariant": config.sampler == "batch-invariant"}
         sampling = sampling_for_budget(config.plan).model_dump(mode="json")
         record = {
+            "schema": RUN_SCHEMA,
+            "kind": "blackjack",
             "config": config.key(),
             "budget": budget,
             "sampler": sampler,
