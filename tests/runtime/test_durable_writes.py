@@ -124,8 +124,12 @@ async def quiet() -> Quiet:
     return Quiet()
 
 
-async def test_a_group_is_on_disk_before_it_is_handed_out_and_bursts_share_fsyncs(tmp_path):
-    path = tmp_path / "groups.jsonl"
+async def burst_of_groups(path: Path) -> float:
+    """256 groups completing in one moment: each must be on disk before it is handed out.
+
+    Returns:
+        The worst stall of the event loop meanwhile, in seconds.
+    """
     gate = anyio.Event()
 
     async def episode(ctx):
@@ -156,7 +160,19 @@ async def test_a_group_is_on_disk_before_it_is_handed_out_and_bursts_share_fsync
                     tg.cancel_scope.cancel()
             assert sink.records == groups
     assert sorted(seen) == sorted(f"t{i}" for i in range(groups))
-    assert probe.worst < 0.5, probe.worst  # 256 fsyncs on the loop took longer than this
+    return probe.worst
+
+
+async def test_a_group_is_on_disk_before_it_is_handed_out_and_bursts_share_fsyncs(tmp_path):
+    # As for the quarantine burst, the bound must hold in one of `ATTEMPTS` bursts: a host
+    # busy with other work stalls any loop now and then (a full suite here once saw 0.55 s).
+    # A stall of the driver's own making, such as 256 fsyncs on the loop, recurs every time.
+    stalls = []
+    for attempt in range(ATTEMPTS):
+        stalls.append(await burst_of_groups(tmp_path / f"groups{attempt}.jsonl"))
+        if stalls[-1] < 0.5:
+            break
+    assert min(stalls) < 0.5, f"worst loop stalls {stalls} s"
 
 
 async def test_a_sink_that_cannot_write_raises_from_groups(tmp_path):
