@@ -29,6 +29,7 @@ from ._step import train_step as train_step
 from ._train import RESUME_HINT as RESUME_HINT
 from ._train import RUN_SCHEMA as RUN_SCHEMA
 from ._train import claim_run_dir as claim_run_dir
+from ._train import summary as summary
 from ._train import train as train
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "set_aside_counts",
     "step_line",
     "stopped_line",
+    "summary",
     "train",
     "train_on",
     "train_step",

@@ -7,6 +7,7 @@ The run directory (docs/rl.md has the whole schema):
 - `metrics.jsonl`: the run log (`RunLog`), each step announced before it is sent and recorded
   with its policy once it is published;
 - `groups.jsonl`: every completed group, fsynced before training sees it;
+- `summary.json`: what the run did so far, rewritten from the log as each call ends;
 - `quarantine.json`: envs the pool gave up on, if any.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -28,11 +30,11 @@ from plies.policy import TinkerPolicyClient, VLLMClient, publish
 from plies.runtime import EnvPool, Interrupts, RolloutResources, write_atomic
 from plies.training import Trainer
 
-from ._grpo import Episode, GRPOConfig, Interrupted, Run, grpo
+from ._grpo import Episode, GRPOConfig, Interrupted, Run, finished, grpo
 from ._progress import RunProgress
 from ._runlog import RunLog
 
-__all__ = ["RESUME_HINT", "RUN_SCHEMA", "claim_run_dir", "train"]
+__all__ = ["RESUME_HINT", "RUN_SCHEMA", "claim_run_dir", "summary", "train"]
 
 RUN_SCHEMA = 1
 """The version of the run directory's layout, recorded in `run.json` as `schema`."""
@@ -113,7 +115,8 @@ async def train(
         interrupts: from `plies.runtime.run`, which gives Ctrl-C its three steps.
 
     Returns:
-        The newest policy: the last step's, or `policy` when no step trained.
+        The newest policy: the last step's (this call's or an earlier one's), or `policy`
+        when no step trained.
 
     Raises:
         ConfigError: `out` holds another run (`claim_run_dir`) or a damaged log.
@@ -150,7 +153,7 @@ async def train(
                     progress=progress,
                 )  # fmt: skip
                 await serve(policy)  # idempotent; a restarted server needs it
-                policy = await grpo(run, policy, config, tasks)
+                await grpo(run, policy, config, tasks)
     except Interrupted:
         console.print(RESUME_HINT)
     except anyio.get_cancelled_exc_class():
@@ -160,7 +163,27 @@ async def train(
     finally:
         log.write("session", seconds=time.monotonic() - started)
         log.close()
-    return policy
+    steps = log.all("step")
+    newest = PolicyRef.model_validate(steps[-1]["policy"]) if steps else policy
+    write_atomic(out / "summary.json", json.dumps(summary(log, config, newest), indent=2).encode())
+    return newest
+
+
+def summary(log: RunLog, config: GRPOConfig, policy: PolicyRef) -> dict[str, Any]:
+    """`summary.json`: what the run did so far, from its log (every session of it)."""
+    steps = log.all("step")
+    done = finished(log, config)
+    return {
+        "schema": RUN_SCHEMA,
+        "kind": "grpo",
+        "grpo_steps": len(steps),
+        "complete": done,
+        "stopped_early": done and len(steps) < config.steps,
+        "policy": policy.model_dump(mode="json"),
+        "minutes": sum(r["seconds"] for r in log.all("session")) / 60,
+        "set_aside": dict(Counter(r["reason"] for r in log.all("set_aside"))),
+        "train_return": [r["train_return"] for r in steps],
+    }
 
 
 def _factory(env: type[Env] | Callable[[], Awaitable[Env]]) -> Callable[[], Awaitable[Env]]:

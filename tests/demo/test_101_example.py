@@ -10,6 +10,7 @@ from pathlib import Path
 
 from plies.rl import RUN_SCHEMA, RunLog
 from plies.runtime import read_groups
+from plies.view import RunView
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "101_custom_env.py"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -45,6 +46,10 @@ def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(t
     else:  # they all tied: set aside, and the loop stopped after two batches' worth
         assert {r["reason"] for r in log.all("set_aside")} <= {"tied", "truncated"}
         assert "GRPO stopped at step 0: 16 episodes in a row trained nothing" in done.stderr
+    summary = json.loads((out / "grpo" / "summary.json").read_text())
+    assert summary["grpo_steps"] == len(steps) and summary["complete"] is True
+    assert summary["stopped_early"] is (len(steps) < 4)
+    assert sum(summary["set_aside"].values()) == len(log.all("set_aside"))
     log.close()
 
     again = example(cwd, out)
@@ -58,4 +63,7 @@ def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(t
         capture_output=True, text=True, env=ENV, timeout=300,
     )  # fmt: skip
     assert view.returncode == 0, view.stderr[-2000:]
-    assert (out / "grpo" / "view.html").stat().st_size > 0  # the viewer reads the schema
+    assert (out / "grpo" / "view.html").stat().st_size > 0
+    snapshot = RunView(out / "grpo")._reader.refresh()  # what the page was made from
+    assert snapshot.problems == [] and snapshot.summary == summary
+    assert len(snapshot.groups) == len(groups.records)

@@ -37,6 +37,9 @@ def test_example_warm_starts_trains_and_evaluates(tmp_path):
     log.close()
     assert [r["step"] for r in steps] == [0, 1, 2]  # the smoke budget's three steps
     assert summary["policy"] == steps[-1]["policy"]["version"]
+    loop = json.loads((out / "grpo" / "summary.json").read_text())  # plies.rl's own
+    assert loop["grpo_steps"] == 3 and loop["complete"] and not loop["stopped_early"]
+    assert loop["policy"] == steps[-1]["policy"]
     assert math.isfinite(summary["warm_start_return"]), summary
     assert math.isfinite(summary["final_return"]), summary
     assert "warm start: return" in done.stdout and "after GRPO: return" in done.stdout
