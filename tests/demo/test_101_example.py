@@ -65,5 +65,8 @@ def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(t
     assert view.returncode == 0, view.stderr[-2000:]
     assert (out / "grpo" / "view.html").stat().st_size > 0
     snapshot = RunView(out / "grpo")._reader.refresh()  # what the page was made from
-    assert snapshot.problems == [] and snapshot.summary == summary
+    resumed = json.loads((out / "grpo" / "summary.json").read_text())  # rewritten by the resume
+    assert snapshot.problems == [] and snapshot.summary == resumed
+    assert resumed["grpo_steps"] == summary["grpo_steps"]
+    assert resumed["minutes"] > summary["minutes"]  # both sessions
     assert len(snapshot.groups) == len(groups.records)
