@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from plies import testing
 from plies.environments import LocalProcessBackend, Task
 from plies.harness import AgentHarness, MiniSweAgent, WorkspaceEnv
 from plies.runtime import EnvPool, GroupSpec, JsonlSink, RolloutDriver, RolloutResources, run
+from plies.testing import ScriptAnswer
 
 SLEEP = "sleep 300"
 SLEEPS = {
@@ -36,6 +38,25 @@ SLEEPS = {
     "codex": ("exec_command", {"cmd": SLEEP}),
 }
 TASK = Task(id="wait", data={"instruction": "Wait five minutes, then say done."})
+TURNS = 64
+"""Answers per episode, enough to keep every agent in a sleep until the test's Ctrl-C: some
+agents give a command a limited time (Codex yields after 10 s, the Agents SDK script's tool
+times out at 60 s) and then ask the model again, which asks for the sleep again."""
+
+
+def keep_sleeping(name: str, arguments: dict[str, str]) -> Callable[[str], ScriptAnswer]:
+    """Answer every turn that offers tool `name` with the sleep.
+
+    A side request some agents send on the same session (a title, a summary) offers no tools
+    and is answered in words. The answer depends on the prompt, not on its position, because
+    the gateway serves an agent's concurrent requests in any order.
+    """
+    call = {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+    def answer(prompt: str) -> ScriptAnswer:
+        return call if f'"name": "{name}"' in prompt else "Done."
+
+    return answer
 
 
 async def main(interrupts, run_dir: Path, agents: list[str]) -> None:
@@ -44,14 +65,12 @@ async def main(interrupts, run_dir: Path, agents: list[str]) -> None:
     harnesses: dict[str, AgentHarness] = {}
     async with AsyncExitStack() as stack:
         for agent in agents:
-            name, arguments = SLEEPS[agent]
-            script = [{"tool_calls": [{"name": name, "arguments": arguments}]}, "Done."]
-            policy = testing.ScriptedPolicy(tokenizer, script)
+            policy = testing.ScriptedPolicy(tokenizer, [keep_sleeping(*SLEEPS[agent])] * TURNS)
             adapter = AGENTS[agent]()
             if isinstance(adapter, MiniSweAgent):  # its shell cuts commands at 30 s
                 adapter = replace(adapter, config=("environment.timeout=600",))
             server = await stack.enter_async_context(agent_gateway(policy, tokenizer))
-            harnesses[agent] = AgentHarness(server, adapter, wall_s=600, max_turns=4)
+            harnesses[agent] = AgentHarness(server, adapter, wall_s=600, max_turns=TURNS)
 
         async def episode(ctx):
             return await harnesses[ctx.task.data["agent"]].play(ctx)
