@@ -39,12 +39,12 @@ from .mcp_client import marked_processes as marked_processes
 from .mcp_server import EnvMcpServer as EnvMcpServer
 from .openenv_client import OpenEnvEndpoint as OpenEnvEndpoint
 from .openenv_client import OpenEnvEnv as OpenEnvEnv
+from .reapers import reap_sandbox as reap_sandbox
+from .reapers import sandbox_reapers as sandbox_reapers
 from .sandbox import CommandResult as CommandResult
 from .sandbox import LocalProcessBackend as LocalProcessBackend
 from .sandbox import Sandbox as Sandbox
 from .sandbox import SandboxBackend as SandboxBackend
-from .sandbox import reap_sandbox as reap_sandbox
-from .sandbox import sandbox_reapers as sandbox_reapers
 from .sandboxed import SandboxedBlackjackEnv as SandboxedBlackjackEnv
 
 __all__ = [

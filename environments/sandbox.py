@@ -6,8 +6,8 @@
   working directory, `kill` it. `id` is its remote id; `kind` names its backend.
 - `LocalProcessBackend`: a temporary directory and subprocesses, for tests and laptops.
 - `E2BBackend` (in `plies.environments.e2b_backend`): one E2B cloud sandbox per episode.
-- `reap_sandbox(kind, id)`: kill a sandbox by the kind and id a report recorded;
-  `sandbox_reapers()` offers it for every sandbox kind, as `plies reap` composes reapers.
+- `reap_sandbox(kind, id)` (in `plies.environments.reapers`): kill a sandbox by the kind and
+  id a report recorded; `sandbox_reapers()` offers it for every kind to `plies reap`.
 
 A command that exits non-zero is not an error: `run` returns its exit code. Failures of the
 sandbox itself (it vanished, the network failed, a command timed out) raise `SandboxError`
@@ -26,7 +26,6 @@ import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Protocol, runtime_checkable
 
@@ -34,18 +33,14 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 from plies import ConfigError, SandboxError
-from plies.runtime import Reaper
 
 __all__ = [
     "DEFAULT_ENV_ALLOW",
-    "SANDBOX_KINDS",
     "CommandResult",
     "LocalProcessBackend",
     "LocalSandbox",
     "Sandbox",
     "SandboxBackend",
-    "reap_sandbox",
-    "sandbox_reapers",
 ]
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -338,36 +333,6 @@ def _kill_local(sandbox_id: str) -> bool:
     except OSError as err:
         raise SandboxError(f"could not remove the sandbox: {err}", sandbox_id=sandbox_id) from err
     return True
-
-
-SANDBOX_KINDS = (LocalProcessBackend.kind, "bwrap-sandbox", "e2b")
-"""Every sandbox kind `reap_sandbox` can kill ("bwrap-sandbox" is `BubblewrapBackend.kind` and
-"e2b" `E2BBackend.kind`, spelled out so that their modules, which import this one, load only
-when such a sandbox is made)."""
-
-
-async def reap_sandbox(kind: str, sandbox_id: str) -> bool:
-    """Kill a sandbox recorded in a report, by its backend's kind and its id.
-
-    E2B sandboxes are killed with the API key and domain from the environment
-    (`E2B_API_KEY`, `E2B_DOMAIN`). Returns False if it was already gone.
-    """
-    if kind in (LocalProcessBackend.kind, "bwrap-sandbox"):  # both are marked directories
-        return await LocalProcessBackend().kill(sandbox_id)
-    if kind == "e2b":
-        from .e2b_backend import E2BBackend
-
-        return await E2BBackend().kill(sandbox_id)
-    raise ConfigError(f"unknown sandbox kind {kind!r}; known: {', '.join(SANDBOX_KINDS)}")
-
-
-def sandbox_reapers() -> dict[str, Reaper]:
-    """A reaper per sandbox kind, to merge with the runtime's own.
-
-    The runtime cannot know the sandbox kinds (it sits below the environments), so whoever
-    reaps, `plies reap` for one, composes `{**builtin_reapers(), **sandbox_reapers()}`.
-    """
-    return {kind: partial(reap_sandbox, kind) for kind in SANDBOX_KINDS}
 
 
 def new_episode_id(task_id: str) -> str:
