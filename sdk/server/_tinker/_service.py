@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from pydantic import ValidationError
 
 from ..._durable import write_atomic
 from .._config import ServerConfig
@@ -24,9 +25,8 @@ from .._state import ServerState
 from ._checkpoints import CheckpointPath, Runs, check_name, parse_tinker_path
 from ._errors import TinkerRequestError, error_body
 from ._futures import Futures, Result, WorkQueue, failure_message
-from ._oplog import CHANGES_STATE, Replay
-from ._proto import ForwardBackwardInput
-from ._recovery import recover
+from ._oplog import CHANGES_STATE, DONE_FOR_GOOD, Replay, decode_result
+from ._proto import ForwardBackwardInput, check_forward_backward, parse_forward_backward
 from ._samplers import Sampler, Samplers
 from ._schemas import (
     AsampleRequest,
@@ -71,7 +71,7 @@ class TinkerService:
 
     async def run(self, state: ServerState, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: the ordered work queue and the sampling tasks. What a killed
-        server held is recovered first (`_recovery.py`), before the app reports ready."""
+        server held is recovered first (`_recover`), before the app reports ready."""
         from transformers import AutoConfig
 
         base = await anyio.to_thread.run_sync(AutoConfig.from_pretrained, self.base_dir(state))
@@ -82,11 +82,87 @@ class TinkerService:
         )
         self.training_runs = TrainingRuns(self.runs, self.samplers)
         self.state = state
-        await anyio.to_thread.run_sync(recover, self, state)
+        await anyio.to_thread.run_sync(self._recover, state)
         async with anyio.create_task_group() as tg:
             self._tg = tg
             await tg.start(self.work.run)
             task_status.started()
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def _recover(self, state: ServerState) -> None:
+        """Bring a killed server's Tinker state back from the state directory: sessions,
+        tenants, futures, queued ops (blocking: it loads weights).
+
+        At start-up, before any route answers, every run that was live (not unloaded, its session
+        not finished) gets its tenant back at the last state its op log holds (`_oplog.py`); every
+        future the log settled settles again under its request id; and each op after that state is
+        submitted again through the same checks as its route, under its old request id, so an SDK
+        still polling it (or re-sending it) finds it. The ops at or before the state are only
+        remembered, so a repeat of one gets its request id and is never applied again.
+        """
+        if self.session_dir.is_dir():
+            self.sessions = {p.name: [] for p in self.session_dir.iterdir() if p.is_file()}
+        for record in self.runs.all():
+            if record.get("closed") or record.get("session_id") not in self.sessions:
+                continue
+            model_id, lora = record["training_run_id"], record["lora"]
+            tenant = Tenant(
+                model_id,
+                record["session_id"],
+                LoraConfig.model_validate(lora) if lora is not None else None,
+                self.runs.dir(model_id),
+                state.config.trainer,
+            )
+            self.tenants[model_id] = tenant
+            self.sessions[tenant.session_id].append(model_id)
+            ops = tenant.oplog.read()
+            if ops.state is not None:
+                tenant.build(self.base_dir(state), state.engine.device)
+                tenant.restore(ops.state)
+            self.work.open(model_id, first_seq=ops.state_seq + 1)
+            for done in ops.done.values():
+                self.futures.create(done["rid"])
+                self.futures.settle(done["rid"], decode_result(done))
+            again = 0
+            for seq in sorted(ops.submits):
+                sub = ops.submits[seq]
+                rid, digest, kind = sub["rid"], sub["digest"], sub["kind"]
+                if seq <= ops.state_seq:
+                    self.work.remember(model_id, seq, digest, rid)
+                    continue
+                done = seq in ops.done
+                if kind == "refused" or (done and kind in DONE_FOR_GOOD):
+                    self.work.submit(model_id, seq, digest, None, rid=rid)
+                    continue
+                try:
+                    self._resubmit(kind, tenant.oplog.body(seq), digest, Replay(rid, done))
+                except (TinkerRequestError, ValidationError) as exc:  # e.g. the checkpoint it
+                    # loads was deleted, or settings this version refuses
+                    self.work.submit(model_id, seq, digest, None, rid=rid)
+                    self.futures.fail(rid, str(exc))
+                again += 1
+            log.info("%s: recovered at seq_id %d, %d ops run again", model_id, ops.state_seq, again)
+
+    def _resubmit(self, kind: str, body: bytes, digest: str, replay: Replay) -> None:
+        """Submit a logged op again, through the same checks as its route."""
+        if kind == "forward_backward":
+            inp = check_forward_backward(
+                parse_forward_backward(body),
+                vocab=self.vocab,
+                max_len=self.config.max_model_len,
+                max_datums=self.limits.max_datums,
+            )
+            self.forward_backward(inp, digest, body, replay)
+            return
+        schema, handle = {
+            "create": (CreateModelRequest, self.create_model),
+            "optim_step": (OptimStepRequest, self.optim_step),
+            "save_weights": (SaveWeightsRequest, self.save_weights),
+            "save_weights_for_sampler": (SaveForSamplerRequest, self.save_for_sampler),
+            "load_weights": (LoadWeightsRequest, self.load_weights),
+        }[kind]
+        handle(schema.model_validate_json(body), digest, body, replay)
 
     @staticmethod
     def base_dir(state: ServerState) -> Path:
