@@ -29,6 +29,7 @@ from ._env import ToolResult as ToolResult
 from ._env import tool as tool
 from .blackjack import BlackjackEnv as BlackjackEnv
 from .bubblewrap import BubblewrapBackend as BubblewrapBackend
+from .bubblewrap import Forward as Forward
 from .e2b_backend import E2BBackend as E2BBackend
 from .harbor import HarborEnv as HarborEnv
 from .harbor import HarborTask as HarborTask
@@ -54,6 +55,7 @@ __all__ = [
     "E2BBackend",
     "Env",
     "EnvMcpServer",
+    "Forward",
     "HarborEnv",
     "HarborTask",
     "LocalProcessBackend",

@@ -16,6 +16,9 @@ or `reward.json`), and optionally `solution/solve.sh` (a reference solution).
   verifier timeout) and ends the episode with the reward it wrote. When the agent's time is
   up, the next call verifies and ends the episode instead. `oracle()` runs
   `solution/solve.sh` (at `/solution`) and verifies, as Harbor's oracle agent does.
+- An agent program (Claude Code, Codex, ...) can play it too, through `AgentHarness`: it runs
+  inside the sandbox with its own tools, reaches the gateway through a forwarded port (its
+  installation shared read-only), and `verify()` runs the tests once it has exited.
 
 What the sandbox makes of a Dockerfile is `plies.environments.dockerfile`'s: the host's system
 stands in for the base image; `WORKDIR`, `ENV`, local copies and `RUN`s are honoured; what
@@ -29,6 +32,8 @@ import math
 import shutil
 import time
 import tomllib
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,8 +45,9 @@ from plies import ConfigError, EnvError, SandboxError
 from plies.runtime import RemoteRef
 
 from ._env import Env, Observation, Task, ToolResult, tool
-from .bubblewrap import BubblewrapBackend, BubblewrapSandbox, Mount
+from .bubblewrap import BubblewrapBackend, BubblewrapSandbox, Forward, Mount
 from .dockerfile import CopyStep, DockerfilePlan, plan_dockerfile
+from .mcp_client import McpServer
 from .sandbox import new_episode_id
 
 __all__ = ["HARBOR_MOUNTS", "HarborEnv", "HarborTask"]
@@ -165,9 +171,25 @@ class HarborTask:
     def has_solution(self) -> bool:
         return (self.path / "solution" / "solve.sh").is_file()
 
-    def backend(self, root: Path | None = None) -> BubblewrapBackend:
-        """A bubblewrap backend with this task's workspace path and Harbor's mounts."""
-        return BubblewrapBackend(workdir=self.plan.workdir, mounts=HARBOR_MOUNTS, root=root)
+    def backend(
+        self,
+        root: Path | None = None,
+        *,
+        shares: Sequence[str | Path] = (),
+        forwards: Sequence[Forward] = (),
+    ) -> BubblewrapBackend:
+        """A bubblewrap backend with this task's workspace path and Harbor's mounts.
+
+        For an agent program run inside (`AgentHarness`): `shares` are its installation's
+        directories, `forwards` the gateway's port (see `BubblewrapBackend`).
+        """
+        return BubblewrapBackend(
+            workdir=self.plan.workdir,
+            mounts=HARBOR_MOUNTS,
+            root=root,
+            shares=shares,
+            forwards=forwards,
+        )
 
 
 class HarborEnv(Env):
@@ -237,6 +259,32 @@ class HarborEnv(Env):
             await sandbox.kill()
             self.sandbox = None
 
+    @property
+    def workspace(self) -> BubblewrapSandbox:
+        """The episode's sandbox: an agent program runs in it (`AgentHarness`).
+
+        Raises:
+            EnvError: the env was not reset yet, or was torn down.
+        """
+        return self._sandbox()
+
+    @property
+    def agent_timeout_s(self) -> float | None:
+        """`[agent].timeout_sec`: how long an agent program may work before it is cut off."""
+        return self.task.agent_timeout_s
+
+    def serve_tools(self) -> AbstractAsyncContextManager[Mapping[str, McpServer]]:
+        """None for an agent program: a task that names MCP servers is refused when it loads."""
+        return nullcontext({})
+
+    async def verify(self) -> float:
+        """Run the task's tests after an agent program exited; the reward they wrote.
+
+        Raises:
+            EnvError: the tests did not finish in time or wrote no readable reward.
+        """
+        return (await self._verify(agent_timeout=False)).reward
+
     @tool
     async def bash(
         self, command: Annotated[str, Field(description="A bash command, run in the workspace.")]
@@ -247,9 +295,7 @@ class HarborEnv(Env):
             return await self._verify(agent_timeout=True)
         limit = self.command_timeout_s if left is None else min(self.command_timeout_s, left)
         try:
-            result = await self._sandbox().run(
-                ["bash", "-c", command], timeout_s=limit, env=self.task.plan.env
-            )
+            result = await self._sandbox().run(["bash", "-c", command], timeout_s=limit)
         except SandboxError as err:
             if "did not finish" not in str(err):
                 raise
@@ -273,8 +319,9 @@ class HarborEnv(Env):
         sandbox = self._sandbox()
         await _copy_tree(self.task.path / "solution", sandbox.host_path("solution"))
         limit = self.task.agent_timeout_s or self.command_timeout_s
-        env = {**self.task.plan.env, **self.task.solution_env}
-        result = await sandbox.run(["bash", "/solution/solve.sh"], timeout_s=limit, env=env)
+        result = await sandbox.run(
+            ["bash", "/solution/solve.sh"], timeout_s=limit, env=self.task.solution_env
+        )
         verified = await self._verify(agent_timeout=False)
         info = {**verified.info, "solve_exit_code": result.exit_code}
         return verified.model_copy(update={"info": info})
@@ -294,7 +341,7 @@ class HarborEnv(Env):
         deadline = time.monotonic() + self.task.build_timeout_s
         for step in plan.steps:
             if isinstance(step, CopyStep):
-                target = sandbox.workdir / step.dest
+                target = sandbox.host_workdir / step.dest
                 copy = _copy_tree if step.source.is_dir() else _copy_file
                 await copy(step.source, target)
                 continue
@@ -314,6 +361,7 @@ class HarborEnv(Env):
                 raise EnvError(
                     f"{where} failed in the sandbox with exit code {result.exit_code}: {tail}"
                 )
+        sandbox.set_env(plan.env)  # what the image ends with: the agent's and tests' commands
 
     async def _verify(self, *, agent_timeout: bool) -> ToolResult:
         sandbox = self._sandbox()
@@ -321,10 +369,11 @@ class HarborEnv(Env):
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(verifier, ignore_errors=True))
         await anyio.Path(verifier).mkdir(parents=True)
         await _copy_tree(self.task.path / "tests", sandbox.host_path("tests"))
-        env = {**self.task.plan.env, **self.task.verifier_env}
         try:
             result = await sandbox.run(
-                ["bash", "/tests/test.sh"], timeout_s=self.task.verifier_timeout_s, env=env
+                ["bash", "/tests/test.sh"],
+                timeout_s=self.task.verifier_timeout_s,
+                env=self.task.verifier_env,
             )
         except SandboxError as err:
             raise EnvError(

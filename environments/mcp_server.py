@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import logging
 import secrets
 import socket
 from typing import Any
@@ -36,6 +37,22 @@ DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 _MAX_SESSIONS = 8
 _STARTUP_TIMEOUT_S = 30.0
 _SHUTDOWN_GRACE_S = 2.0
+
+
+class _EndedStreamFilter(logging.Filter):
+    """Drops the SDK's traceback for an agent's event stream cut by the server's own shutdown.
+
+    Agents keep a standalone event stream (an HTTP GET) open for the whole session; when the
+    episode's server stops, the SDK's stream writer finds its memory stream closed and logs
+    that as an error with a traceback, onto the user's terminal, on every episode's end.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, anyio.ClosedResourceError)
+
+
+_SDK_LOG = logging.getLogger("mcp.server.streamable_http")
 
 
 class _Uvicorn(uvicorn.Server):
@@ -100,6 +117,8 @@ class EnvMcpServer(AsyncLifecycle):
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
         self._open()
+        if not any(isinstance(f, _EndedStreamFilter) for f in _SDK_LOG.filters):
+            _SDK_LOG.addFilter(_EndedStreamFilter())
         manager = StreamableHTTPSessionManager(
             self._mcp_server(),
             max_request_body_size=self.max_request_bytes,

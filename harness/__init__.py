@@ -42,6 +42,8 @@ from .tool_calling import EpisodeLimits as EpisodeLimits
 from .tool_calling import StopReason as StopReason
 from .tool_calling import ToolCallingHarness as ToolCallingHarness
 from .verifiers import VerifiersHarness as VerifiersHarness
+from .workspace import AgentEnv as AgentEnv
+from .workspace import McpWorkspaceEnv as McpWorkspaceEnv
 from .workspace import WorkspaceEnv as WorkspaceEnv
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "DEFAULT_REWARDS",
     "DEFAULT_UNPAID_REWARD",
     "AgentAdapter",
+    "AgentEnv",
     "AgentHarness",
     "AgentLaunch",
     "AgentsSdk",
@@ -61,6 +64,7 @@ __all__ = [
     "Harness",
     "IllFormedReward",
     "LaunchSpec",
+    "McpWorkspaceEnv",
     "MiniSweAgent",
     "OpenCode",
     "Pi",

@@ -9,7 +9,9 @@ change their flags and their wire often. Every adapter writes:
   and nothing the agent saves survives the episode;
 - the gateway's base URL and the session key as the API key;
 - the agent's offline switches (no update checks, telemetry, model catalogues or plugins);
-- a permission mode that runs its tools without asking (the sandbox is the boundary).
+- a permission mode that runs its tools without asking (the sandbox is the boundary);
+- the MCP servers the env offers (`LaunchSpec.mcp_servers`), where the agent speaks MCP
+  (Claude Code and Codex; the others refuse them in one line).
 
 | adapter | package (pinned) | wire |
 | --- | --- | --- |
@@ -24,11 +26,13 @@ change their flags and their wire often. Every adapter writes:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from plies import ConfigError
+from plies.environments import McpServer
 
 __all__ = [
     "AgentAdapter",
@@ -62,6 +66,7 @@ class LaunchSpec:
         home: an absolute, empty directory to use as `HOME`.
         workdir: the absolute working directory the agent runs in.
         max_turns: the most model calls the agent should make, where it has a switch.
+        mcp_servers: MCP servers the agent is given, by the name its tools appear under.
     """
 
     instruction: str
@@ -71,6 +76,7 @@ class LaunchSpec:
     home: str
     workdir: str
     max_turns: int
+    mcp_servers: Mapping[str, McpServer] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,39 @@ def _check_command(command: str, name: str) -> str:
     return command
 
 
+def _no_mcp(spec: LaunchSpec, name: str) -> None:
+    if spec.mcp_servers:
+        raise ConfigError(
+            f"the {name} adapter cannot give its agent MCP servers (ClaudeCode and Codex can); "
+            f"the env offers {sorted(spec.mcp_servers)}"
+        )
+
+
+def _claude_mcp(server: McpServer) -> dict[str, Any]:
+    if server.url is not None:
+        return {"type": "http", "url": server.url, "headers": dict(server.headers)}
+    command, *args = server.command
+    return {"type": "stdio", "command": command, "args": args, "env": dict(server.env)}
+
+
+def _toml_table(values: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in values.items()) + "}"
+
+
+def _codex_mcp(name: str, server: McpServer) -> list[str]:
+    lines = ["", f"[mcp_servers.{json.dumps(name)}]"]
+    if server.url is not None:
+        lines += [f"url = {json.dumps(server.url)}"]
+        if server.headers:
+            lines += [f"http_headers = {_toml_table(server.headers)}"]
+    else:
+        command, *args = server.command
+        lines += [f"command = {json.dumps(command)}", f"args = {json.dumps(args)}"]
+        if server.env:
+            lines += [f"env = {_toml_table(server.env)}"]
+    return lines
+
+
 @dataclass(frozen=True, slots=True)
 class ClaudeCode:
     """Claude Code in print mode (`claude -p`), bypassing permission prompts.
@@ -148,6 +187,12 @@ class ClaudeCode:
             "--max-turns",
             str(spec.max_turns),
         ]
+        files = {}
+        if spec.mcp_servers:
+            # In a file, not on the command line: the headers carry the episode's token.
+            servers = {name: _claude_mcp(s) for name, s in spec.mcp_servers.items()}
+            files["mcp.json"] = json.dumps({"mcpServers": servers})
+            argv += ["--strict-mcp-config", "--mcp-config", f"{spec.home}/mcp.json"]
         env = {
             "HOME": spec.home,
             "ANTHROPIC_BASE_URL": spec.base_url,
@@ -156,7 +201,7 @@ class ClaudeCode:
             "DISABLE_AUTOUPDATER": "1",
             "IS_SANDBOX": "1",
         }
-        return AgentLaunch(argv, env)
+        return AgentLaunch(argv, env, files)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +241,7 @@ class Codex:
                 "[features]",
                 "plugins = false",
                 "remote_plugin = false",
+                *(line for n, s in spec.mcp_servers.items() for line in _codex_mcp(n, s)),
                 "",
             ]
         )
@@ -230,6 +276,7 @@ class OpenCode:
     wire: Wire = "chat"
 
     def launch(self, spec: LaunchSpec) -> AgentLaunch:
+        _no_mcp(spec, self.name)
         config = {
             "$schema": "https://opencode.ai/config.json",
             "provider": {
@@ -296,6 +343,7 @@ class Pi:
     wire: Wire = "chat"
 
     def launch(self, spec: LaunchSpec) -> AgentLaunch:
+        _no_mcp(spec, self.name)
         models = {
             "providers": {
                 "plies": {
@@ -359,6 +407,7 @@ class MiniSweAgent:
     wire: Wire = "chat"
 
     def launch(self, spec: LaunchSpec) -> AgentLaunch:
+        _no_mcp(spec, self.name)
         argv = [
             _check_command(self.command, self.name),
             "--yolo",
@@ -416,6 +465,7 @@ class AgentsSdk:
             raise ConfigError(f"the Agents SDK speaks 'chat' or 'responses', not {self.wire!r}")
 
     def launch(self, spec: LaunchSpec) -> AgentLaunch:
+        _no_mcp(spec, self.name)
         script = resources.files("plies.harness").joinpath("_agents_sdk_script.py").read_text()
         argv = [
             _check_command(self.python, self.name),

@@ -3,13 +3,14 @@
 The agent brings its own loop and tools; plies brings the workspace, the model and the
 record. Per episode:
 
-1. the env (a `WorkspaceEnv`) makes its sandbox and lays the task out in it (under the
-   lease's `reset` operation);
+1. the env (a `WorkspaceEnv`, a `HarborEnv`: any `AgentEnv`) makes its sandbox and lays the
+   task out in it (under the lease's `reset` operation);
 2. the gateway opens a session; the adapter writes the agent's configuration into a fresh
    `HOME` inside the workspace (`.plies-agent/`), pointing it at the gateway with the session
    key as its API key, offline, tools allowed;
-3. the agent runs in the workspace until it exits or `wall_s` passes. Every model call it
-   makes is sampled from the policy and recorded by the gateway exactly;
+3. the agent runs in the workspace until it exits or `wall_s` passes (or the env's own
+   `agent_timeout_s`, if smaller). Every model call it makes is sampled from the policy and
+   recorded by the gateway exactly;
 4. the env's verifier scores the workspace (under the lease's `verify` operation), the
    harness's `RewardPolicy` turns that into the reward, and the session is finished into the
    trajectory.
@@ -35,13 +36,13 @@ from typing import Any
 import anyio
 
 from plies import ConfigError, EnvError
-from plies.environments import CommandResult, Task
+from plies.environments import CommandResult, Env, McpServer, Task
 from plies.runtime import EpisodeContext, Lease, Pool
 from plies.trajectory import Status, Trajectory
 
 from .adapters import AgentAdapter, LaunchSpec
 from .rewards import DEFAULT_REWARDS, RewardPolicy
-from .workspace import WorkspaceEnv
+from .workspace import AgentEnv
 
 __all__ = ["AGENT_HOME", "DEFAULT_AGENT_MAX_TURNS", "DEFAULT_AGENT_WALL_S", "AgentHarness"]
 
@@ -80,6 +81,14 @@ class AgentHarness:
         harness = AgentHarness(server, ClaudeCode(command=".agents/npm/bin/claude"))
         async with WorkspaceEnv(LocalProcessBackend(), run_id="r1") as env:
             trajectory = await harness.run(env, task)
+
+    An agent inside a bubblewrap sandbox (a Harbor task) reaches the gateway through a
+    forwarded port: serve it on a Unix socket too, and share the agent's installation::
+
+        async with GatewayServer(gw, uds=sock) as server:
+            backend = task.backend(shares=[npm_prefix], forwards=[Forward(server.port, sock)])
+            async with HarborEnv(task, backend) as env:
+                trajectory = await harness.run(env, Task(id=task.name))
     """
 
     def __init__(
@@ -127,11 +136,11 @@ class AgentHarness:
         return url.removesuffix("/v1")
 
     async def play(self, ctx: EpisodeContext, *, pool: Pool[Any] | str = "env") -> Trajectory:
-        """A `RolloutDriver` episode: borrow a `WorkspaceEnv` from `pool`, play `ctx.task`.
+        """A `RolloutDriver` episode: borrow an `AgentEnv` from `pool`, play `ctx.task`.
 
         Raises:
-            ConfigError: `ctx.task` is not a `Task`, or the pool lent something that is not a
-                `WorkspaceEnv`.
+            ConfigError: `ctx.task` is not a `Task`, or the pool lent something that is not an
+                `AgentEnv`.
         """
         if not isinstance(ctx.task, Task):
             raise ConfigError(
@@ -142,7 +151,7 @@ class AgentHarness:
             return await self.run(lease.resource, ctx.task, group_id=ctx.group_id, lease=lease)
 
     async def run(
-        self, env: WorkspaceEnv, task: Task, *, group_id: str = "", lease: Lease[Any] | None = None
+        self, env: AgentEnv, task: Task, *, group_id: str = "", lease: Lease[Any] | None = None
     ) -> Trajectory:
         """Play one episode of `task` on `env` (fresh, not yet reset); return it settled.
 
@@ -150,11 +159,14 @@ class AgentHarness:
         with it the sandbox and anything the agent left running.
 
         Raises:
-            ConfigError: `env` is not a `WorkspaceEnv`.
+            ConfigError: `env` is not an `AgentEnv`.
             GatewaySessionError: the gateway is closed.
         """
-        if not isinstance(env, WorkspaceEnv):
-            raise ConfigError(f"AgentHarness needs a WorkspaceEnv, got {type(env).__name__}")
+        if not _is_agent_env(env):
+            raise ConfigError(
+                "AgentHarness needs an env with a workspace and a verifier (an AgentEnv such as "
+                f"WorkspaceEnv or HarborEnv), got {type(env).__name__}"
+            )
         gateway = self.server.gateway
         async with _operation(lease, "reset"):
             observation = await env.reset(task)
@@ -169,10 +181,15 @@ class AgentHarness:
             outcome: CommandResult | None = None
             verified: float | None = None
             try:
-                with anyio.move_on_after(self.wall_s) as budget:
-                    outcome = await self._run_agent(env, key, instruction)
+                wall_s, limit = self.wall_s, f"wall_s={self.wall_s:g}"
+                if env.agent_timeout_s is not None and env.agent_timeout_s < wall_s:
+                    wall_s = env.agent_timeout_s
+                    limit = f"the env's agent timeout ({wall_s:g}s)"
+                with anyio.move_on_after(wall_s) as budget:
+                    async with env.serve_tools() as mcp_servers:
+                        outcome = await self._run_agent(env, key, instruction, wall_s, mcp_servers)
                 if budget.cancelled_caught:
-                    status, error = Status.TRUNCATED, f"agent ran past wall_s={self.wall_s:g}"
+                    status, error = Status.TRUNCATED, f"agent ran past {limit}"
                 elif outcome is not None and outcome.exit_code != 0:
                     tail = (outcome.stderr or outcome.stdout)[-800:]
                     status, error = Status.FAILED, f"agent exited with {outcome.exit_code}: {tail}"
@@ -201,7 +218,14 @@ class AgentHarness:
                     await gateway.drop_session(key)
         return trajectory
 
-    async def _run_agent(self, env: WorkspaceEnv, key: str, instruction: str) -> CommandResult:
+    async def _run_agent(
+        self,
+        env: AgentEnv,
+        key: str,
+        instruction: str,
+        wall_s: float,
+        mcp_servers: Mapping[str, McpServer],
+    ) -> CommandResult:
         """Write the agent's configuration, then run it in the workspace until it exits."""
         sandbox = env.workspace
         workdir = await _workdir(sandbox)
@@ -214,6 +238,7 @@ class AgentHarness:
             home=home,
             workdir=workdir,
             max_turns=self.max_turns,
+            mcp_servers=mcp_servers,
         )
         launch = self.adapter.launch(spec)
         await sandbox.write_file(posixpath.join(AGENT_HOME, ".keep"), "")
@@ -222,8 +247,17 @@ class AgentHarness:
         # The sandbox runs it in its own process group and kills that group on every way out
         # of this call; the margin lets `wall_s` (the caller's scope) fire first.
         return await sandbox.run(
-            launch.argv, timeout_s=self.wall_s + 60.0, env={**self.env, **launch.env}
+            launch.argv, timeout_s=wall_s + 60.0, env={**self.env, **launch.env}
         )
+
+
+def _is_agent_env(env: object) -> bool:
+    """Whether `env` is an `Env` with what `AgentEnv` names, looked up on its class so that a
+    `workspace` that refuses before reset is not called."""
+    kind = type(env)
+    return isinstance(env, Env) and all(
+        hasattr(kind, name) for name in ("workspace", "agent_timeout_s", "serve_tools", "verify")
+    )
 
 
 async def _workdir(sandbox: Any) -> str:

@@ -13,10 +13,14 @@ The request becomes the gateway's internal chat request:
   refused by name.
 - `previous_response_id` puts the stored conversation of that response (the request's
   history and its reply) before `input`; an id this session did not serve is a 400.
-- `function` tools are served (`strict` accepted); `namespace`, `web_search`, `custom`
-  and every other tool kind are dropped and counted in the session's metrics
-  (`dropped_tool.<kind>`), so Codex, which always sends a `namespace` and a `web_search`
-  tool, still works. `tool_choice` `required` or a named tool is refused.
+- `function` tools are served (`strict` accepted), and so are the functions inside a
+  `namespace` tool (Codex groups each MCP server's tools and its sub-agent tools that way):
+  the model sees each as `<namespace>__<name>`, the name Claude Code gives MCP tools too,
+  and its call goes back as a `function_call` with `namespace` and `name` apart; a replayed
+  call with a `namespace` is read the same way. `web_search`, `custom` and every other tool
+  kind (in a namespace too) are dropped and counted in the session's metrics
+  (`dropped_tool.<kind>`), so Codex, which always sends a `web_search` tool, still works.
+  `tool_choice` `required` or a named tool is refused.
 - `store`, `include`, `reasoning`, `text`, `metadata`, `prompt_cache_key` and unknown keys
   (null or not) are accepted and do not change sampling.
 
@@ -157,6 +161,9 @@ def _items(items: str | list[dict[str, Any]]) -> list[RequestMessage]:
             name, arguments = item.get("name"), item.get("arguments", "{}")
             if not isinstance(name, str) or not isinstance(arguments, str | dict):
                 raise _fail("a function_call needs a string 'name' and 'arguments'", param)
+            namespace = item.get("namespace")
+            if isinstance(namespace, str) and namespace:
+                name = _flat_name(namespace, name)
             fn = {"name": name, "arguments": arguments}
             turn.calls.append({"id": item.get("call_id"), "type": "function", "function": fn})
         elif kind == "function_call_output":
@@ -188,23 +195,50 @@ def _handles(item: dict[str, Any]) -> list[str]:
     return out
 
 
-def _tools(tools: list[dict[str, Any]] | None, dropped: Any) -> list[ToolSpec] | None:
-    out = []
+def _flat_name(namespace: str, name: str) -> str:
+    """The one name the model sees for a function inside a namespace."""
+    return f"{namespace}__{name}"
+
+
+def _function(tool: dict[str, Any], param: str, namespace: str | None = None) -> ToolSpec:
+    name = tool.get("name")
+    if not isinstance(name, str):
+        raise _fail("a function tool needs a string 'name'", f"{param}.name")
+    spec = FunctionSpec(
+        name=name if namespace is None else _flat_name(namespace, name),
+        description=tool.get("description"),
+        parameters=tool.get("parameters") or {"type": "object", "properties": {}},
+    )
+    return ToolSpec(function=spec)
+
+
+def _tools(
+    tools: list[dict[str, Any]] | None, dropped: Any
+) -> tuple[list[ToolSpec] | None, dict[str, tuple[str, str]]]:
+    """The served tools, and each namespaced one's flat name -> (namespace, name)."""
+    out: list[ToolSpec] = []
+    namespaced: dict[str, tuple[str, str]] = {}
     for k, tool in enumerate(tools or ()):
         kind = tool.get("type")
-        if kind != "function":
-            dropped[str(kind)] += 1  # namespace, web_search, custom, hosted: not served
-            continue
-        name = tool.get("name")
-        if not isinstance(name, str):
-            raise _fail("a function tool needs a string 'name'", f"tools.{k}.name")
-        spec = FunctionSpec(
-            name=name,
-            description=tool.get("description"),
-            parameters=tool.get("parameters") or {"type": "object", "properties": {}},
-        )
-        out.append(ToolSpec(function=spec))
-    return out or None
+        if kind == "function":
+            out.append(_function(tool, f"tools.{k}"))
+        elif kind == "namespace":
+            namespace, inner = tool.get("name"), tool.get("tools") or []
+            if not isinstance(namespace, str) or not namespace or not isinstance(inner, list):
+                raise _fail("a namespace needs a string 'name' and a list 'tools'", f"tools.{k}")
+            for j, sub in enumerate(inner):
+                if not isinstance(sub, dict) or sub.get("type") != "function":
+                    dropped[str(sub.get("type") if isinstance(sub, dict) else sub)] += 1
+                    continue
+                out.append(_function(sub, f"tools.{k}.tools.{j}", namespace))
+                namespaced[out[-1].function.name] = (namespace, sub["name"])
+        else:
+            dropped[str(kind)] += 1  # web_search, custom, hosted: not served
+    names = [t.function.name for t in out]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise _fail(f"tools named more than once (namespaces flattened): {twice[:8]}", "tools")
+    return out or None, namespaced
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> Literal["auto", "none"] | None:
@@ -247,11 +281,12 @@ class ResponsesDialect(Dialect):
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.sequence = 0
+        tools, self.namespaced = _tools(request.tools, self.dropped_tools)
         try:
             return ChatCompletionRequest(
                 model=request.model,
                 messages=messages,
-                tools=_tools(request.tools, self.dropped_tools),
+                tools=tools,
                 tool_choice=_tool_choice(request.tool_choice),
                 temperature=request.temperature,
                 top_p=request.top_p,
@@ -293,16 +328,17 @@ class ResponsesDialect(Dialect):
             )
         for call in reply.get("tool_calls") or ():
             fn = call["function"]
-            items.append(
-                {
-                    "type": "function_call",
-                    "id": f"fc_{uuid.uuid4().hex}",
-                    "call_id": call["id"],
-                    "name": fn["name"],
-                    "arguments": fn["arguments"],
-                    "status": "completed",
-                }
-            )
+            item = {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": call["id"],
+                "name": fn["name"],
+                "arguments": fn["arguments"],
+                "status": "completed",
+            }
+            if fn["name"] in self.namespaced:
+                item["namespace"], item["name"] = self.namespaced[fn["name"]]
+            items.append(item)
         return items
 
     def _response(

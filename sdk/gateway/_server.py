@@ -1,15 +1,19 @@
 """`GatewayServer`: the gateway's app served by uvicorn on the caller's event loop.
 
 The socket is bound before uvicorn starts, so port 0 works and `url` is known the moment
-the context is entered. Signals stay with the caller: uvicorn would otherwise take SIGINT
+the context is entered. With `uds` the same app is also served on a Unix socket (owner-only):
+an agent in a sandbox without a network reaches the gateway through it (see
+`plies.environments.Forward`). Signals stay with the caller: uvicorn would otherwise take SIGINT
 and re-raise it after shutdown, fighting plies' own signal handling.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import uvicorn
@@ -43,6 +47,7 @@ class GatewayServer:
         host: bind address; loopback by default.
         port: 0 picks a free port.
         keepalive_s: seconds between keepalive events of a stream still sampling.
+        uds: also serve on a Unix socket at this path (made owner-only; removed on close).
 
     Example::
 
@@ -57,11 +62,13 @@ class GatewayServer:
         host: str = DEFAULT_HOST,
         port: int = 0,
         keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        uds: str | os.PathLike[str] | None = None,
     ):
         self.gateway = gateway
         self.keepalive_s = keepalive_s
         self.host = host
         self.port = port
+        self.uds = None if uds is None else Path(uds)
         self._server: _Uvicorn | None = None
         self._tg: TaskGroup | None = None
         self._done = anyio.Event()
@@ -94,6 +101,9 @@ class GatewayServer:
                 f"cannot bind the gateway to {self.host}:{self.port}: {err}"
             ) from err
         self.port = sock.getsockname()[1]
+        sockets = [sock]
+        if self.uds is not None:
+            sockets.append(self._bind_uds(self.uds, sock))
         config = uvicorn.Config(
             create_app(self.gateway, keepalive_s=self.keepalive_s),
             log_level="warning",
@@ -108,9 +118,12 @@ class GatewayServer:
 
         async def serve() -> None:
             try:
-                await server.serve(sockets=[sock])
+                await server.serve(sockets=sockets)
             finally:
-                sock.close()
+                for s in sockets:
+                    s.close()
+                if self.uds is not None:
+                    self.uds.unlink(missing_ok=True)
                 self._done.set()
 
         self._tg.start_soon(serve)
@@ -121,6 +134,22 @@ class GatewayServer:
             await self.aclose()
             raise GatewayError(f"the gateway did not start on {self.host}:{self.port}")
         return self
+
+    @staticmethod
+    def _bind_uds(path: Path, tcp: socket.socket) -> socket.socket:
+        usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if path.is_socket():  # a stale one of an earlier run; any other file is refused
+                path.unlink()
+            usock.bind(str(path))
+            path.chmod(0o600)
+            usock.listen(2048)
+            usock.setblocking(False)
+        except OSError as err:
+            usock.close()
+            tcp.close()
+            raise GatewayError(f"cannot bind the gateway to {path}: {err}") from err
+        return usock
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()

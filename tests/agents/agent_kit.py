@@ -144,6 +144,7 @@ class CountingServer:
 
     gateway: Gateway
     url: str = ""
+    port: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
     paths: Counter[str] = field(default_factory=Counter)
 
@@ -153,7 +154,8 @@ class CountingServer:
 
 
 @asynccontextmanager
-async def serve_gateway(gateway: Gateway) -> AsyncIterator[CountingServer]:
+async def serve_gateway(gateway: Gateway, uds: Path | None = None) -> AsyncIterator[CountingServer]:
+    """The counting server on 127.0.0.1, and on the Unix socket `uds` too when given."""
     server = CountingServer(gateway)
     app = create_app(gateway)
 
@@ -172,13 +174,18 @@ async def serve_gateway(gateway: Gateway) -> AsyncIterator[CountingServer]:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sockets = [sock]
+    if uds is not None:
+        sockets.append(socket.socket(socket.AF_UNIX))
+        sockets[-1].bind(str(uds))
     config = uvicorn.Config(counting, log_level="warning", lifespan="off", access_log=False)
     http = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: http.serve(sockets=[sock]))
+        tg.start_soon(lambda: http.serve(sockets=sockets))
         while not http.started:
             await anyio.sleep(0.01)
-        server.url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        server.port = sock.getsockname()[1]
+        server.url = f"http://127.0.0.1:{server.port}/v1"
         try:
             yield server
         finally:
@@ -187,13 +194,13 @@ async def serve_gateway(gateway: Gateway) -> AsyncIterator[CountingServer]:
 
 @asynccontextmanager
 async def agent_gateway(
-    sampler: Any, tokenizer: Any, *, max_tokens: int = 512
+    sampler: Any, tokenizer: Any, *, max_tokens: int = 512, uds: Path | None = None
 ) -> AsyncIterator[CountingServer]:
-    """`sampler` -> `Gateway` -> a counting server on 127.0.0.1."""
+    """`sampler` -> `Gateway` -> a counting server on 127.0.0.1 (and `uds`)."""
     # Scripted answers carry no think block, as Qwen3's own template keeps them in history;
     # TRL's training variant would render an empty one there.
     renderer = ChatRenderer(tokenizer, template="model")
     sampling = SamplingParams(max_tokens=max_tokens, seed=0)
     gateway = Gateway(sampler, renderer, sampling=sampling, settle_timeout=5.0)
-    async with gateway, serve_gateway(gateway) as server:
+    async with gateway, serve_gateway(gateway, uds) as server:
         yield server

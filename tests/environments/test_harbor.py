@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 from scripted_policy import POLICY, ScriptedPolicy
 
 from plies import ConfigError, EnvError, SandboxError, Status
-from plies.environments import HarborEnv, HarborTask, Task, reap_sandbox
+from plies.environments import Forward, HarborEnv, HarborTask, Task, reap_sandbox
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import SamplingParams
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
@@ -124,6 +126,67 @@ async def test_the_sandbox_gives_the_task_its_paths_and_nothing_of_the_host(tmp_
         "wd=/app", "0", "logs-writable", "tests-read-only", "host-hidden", "0", "no-network",
         "log=log.txt",
     ]  # fmt: skip
+
+
+async def test_a_forward_is_the_one_way_out_and_shares_are_read_only(tmp_path):
+    """A forwarded loopback port reaches the host's Unix socket; another port open on the
+    host does not; a shared host directory is visible and read-only; exit codes pass through."""
+    task = HarborTask.load(TASKS / "count-lines")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "tool.txt").write_text("from the host\n")
+    with (
+        tempfile.TemporaryDirectory(prefix="plies-fw-") as short,
+        socket.create_server(("127.0.0.1", 0)) as other,
+    ):
+        path = Path(short) / "echo.sock"
+
+        async def echo(stream) -> None:
+            async with stream:
+                await stream.send(b"echo:" + await stream.receive())
+
+        listener = await anyio.create_unix_listener(path)
+        probe = (
+            "import socket, sys\n"
+            "s = socket.create_connection(('127.0.0.1', 4321), 5); s.sendall(b'hi')\n"
+            "print(s.recv(100).decode())\n"
+            f"print('other', socket.socket().connect_ex(('127.0.0.1', {other.getsockname()[1]})))\n"
+            "sys.exit(3)\n"
+        )
+        backend = task.backend(
+            tmp_path / "boxes", shares=[shared], forwards=[Forward(4321, str(path))]
+        )
+        async with anyio.create_task_group() as tg, listener:
+            tg.start_soon(listener.serve, echo)
+            async with HarborEnv(task, backend) as env:
+                await env.reset(Task(id="forward"))
+                sandbox = env.workspace
+                result = await sandbox.run(["python3", "-c", probe], timeout_s=30)
+                shown = await sandbox.run(
+                    ["sh", "-c", f"cat {shared}/tool.txt; touch {shared}/x || echo read-only"],
+                    timeout_s=30,
+                )
+            tg.cancel_scope.cancel()
+    assert result.exit_code == 3, result
+    lines = result.stdout.splitlines()
+    assert lines[0] == "echo:hi" and lines[1] != "other 0", lines
+    assert shown.stdout.splitlines() == ["from the host", "read-only"]
+    assert not (shared / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("forward", "why"),
+    [
+        (Forward(0, "/tmp/x.sock"), "port must be 1-65535"),
+        (Forward(80, "relative.sock"), "must be an absolute path"),
+    ],
+)
+def test_a_bad_forward_or_share_is_refused_in_one_line(forward, why):
+    task = HarborTask.load(TASKS / "count-lines")
+    with pytest.raises(ConfigError, match=why):
+        task.backend(forwards=[forward])
+    with pytest.raises(ConfigError, match="must be absolute and exist"):
+        task.backend(shares=["relative/dir"])
 
 
 async def test_the_agent_timeout_ends_the_episode_with_the_tests_verdict(tmp_path):

@@ -106,8 +106,65 @@ async def test_codex_tool_round_extends_and_reasoning_round_trips(
         trajectory = await stack.gateway.finish_session(key)
     assert [t.extends for t in trajectory.turns] == [False, True]
     assert [t.fallback for t in trajectory.turns] == [None, None]
-    assert trajectory.metrics["dropped_tool.namespace"] == 2
+    assert "dropped_tool.namespace" not in trajectory.metrics  # its functions are served
     assert trajectory.metrics["dropped_tool.web_search"] == 2
+    assert_recorded_exactly(trajectory, stack.engine)
+
+
+NAMESPACED = [
+    *TOOLS,
+    {
+        "type": "namespace",
+        "name": "mcp__files",
+        "description": "Tools in the mcp__files namespace.",
+        "tools": [
+            {
+                "type": "function",
+                "name": "read",
+                "description": "Read a file.",
+                "strict": False,
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+            },
+            {"type": "custom", "name": "patch"},
+        ],
+    },
+]
+
+
+async def test_a_namespaced_function_is_served_flat_and_called_by_namespace(
+    policy_server, qwen3_tokenizer
+):
+    """Codex sends each MCP server's tools as a namespace; the model sees `mcp__files__read`,
+    Codex gets back `namespace="mcp__files", name="read"`, and its echo extends the stored turn."""
+    async with gateway_stack(policy_server, qwen3_tokenizer) as stack:
+        key = await stack.gateway.create_session("codex")
+        client = stack.client(key)
+        items: list[dict] = [{"role": "user", "content": "Read a."}]
+        stack.engine.queue(
+            qwen3_tokenizer.encode(
+                '<tool_call>\n{"name": "mcp__files__read", "arguments": {"path": "a"}}\n'
+                "</tool_call><|im_end|>",
+                add_special_tokens=False,
+            )
+        )
+        first, _ = await run(client, True, input=items, tools=NAMESPACED, **CODEX)
+        (call,) = first.output
+        assert (call.type, call.namespace, call.name) == ("function_call", "mcp__files", "read")
+        assert json.loads(call.arguments) == {"path": "a"}
+        prompt = qwen3_tokenizer.decode(stack.engine.requests[0]["prompt"])
+        assert '"name": "mcp__files__read"' in prompt and '"patch"' not in prompt
+
+        items += [call.model_dump(exclude_none=True)]
+        items.append({"type": "function_call_output", "call_id": call.call_id, "output": "x"})
+        stack.engine.queue(think_ids(qwen3_tokenizer, "done", "a holds x."))
+        await run(client, False, input=items, tools=NAMESPACED, **CODEX)
+
+        clash = [*NAMESPACED, {"type": "function", "name": "mcp__files__read"}]
+        with pytest.raises(openai.BadRequestError, match="more than once"):
+            await client.responses.create(model="codex", input="x", tools=clash)
+        trajectory = await stack.gateway.finish_session(key)
+    assert [t.extends for t in trajectory.turns] == [False, True]
+    assert trajectory.metrics["dropped_tool.custom"] == 2
     assert_recorded_exactly(trajectory, stack.engine)
 
 
