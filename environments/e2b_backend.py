@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
-from plies import SandboxError
+from plies import ConfigError, SandboxError
 
 from .sandbox import CommandResult
 
@@ -65,6 +65,10 @@ class E2BBackend:
             `E2B_API_KEY`, `E2B_DOMAIN` and `E2B_DEBUG` from the environment.
         sandbox_cls: the SDK class to use; `e2b.AsyncSandbox` unless a test passes a
             stand-in with the same interface.
+        workdir: where an episode's files live and commands start (made before the first).
+        user: the user commands and file operations run as (`"root"` for a task whose paths
+            are outside the default user's home, such as a Harbor task's `/app` and `/tests`);
+            E2B's default user when None.
 
     Example:
         ```python
@@ -89,8 +93,14 @@ class E2BBackend:
         debug: bool | None = None,
         api_url: str | None = None,
         sandbox_cls: type[AsyncSandbox] | None = None,
+        workdir: str = DEFAULT_WORKDIR,
+        user: str | None = None,
     ) -> None:
+        if not workdir.startswith("/") or ".." in workdir.split("/"):
+            raise ConfigError(f"an E2B workdir must be an absolute path, got {workdir!r}")
         self.template = template
+        self.workdir = workdir
+        self.user = user
         self.sandbox_timeout_s = sandbox_timeout_s
         self.request_timeout_s = request_timeout_s
         self.create_timeout_s = create_timeout_s
@@ -149,30 +159,61 @@ class E2BBackend:
 
 
 class E2BSandbox:
-    """One E2B sandbox; files and commands live under `workdir`."""
+    """One E2B sandbox; files and commands live under its backend's `workdir`.
+
+    `read_path` and `write_path` take absolute paths: a task whose paths lie outside the
+    workdir (a Harbor task's `/tests`, `/logs`) is laid out and read through them.
+    """
 
     kind = E2BBackend.kind
 
-    def __init__(self, sandbox: AsyncSandbox, backend: E2BBackend, workdir: str = DEFAULT_WORKDIR):
+    def __init__(self, sandbox: AsyncSandbox, backend: E2BBackend):
         self._sandbox = sandbox
         self._backend = backend
-        self.workdir = workdir
+        self.workdir = backend.workdir
+        self._env: dict[str, str] = {}
+        self._workdir_made = False
 
     @property
     def id(self) -> str:
         return self._sandbox.sandbox_id
 
+    def set_env(self, values: Mapping[str, str]) -> None:
+        """Variables every later command gets (a Dockerfile's `ENV`s, once its `RUN`s ran)."""
+        self._env.update(values)
+
     async def run(
         self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None
     ) -> CommandResult:
+        if not self._workdir_made:  # a command cannot start in a directory that is not there
+            made = await self.run_at("/", ["mkdir", "-p", self.workdir], timeout_s=timeout_s)
+            if made.exit_code != 0:
+                raise SandboxError(
+                    f"cannot make the workdir {self.workdir}: {made.stderr.strip()[-300:]}",
+                    sandbox_id=self.id,
+                )
+            self._workdir_made = True
+        return await self.run_at(self.workdir, argv, timeout_s=timeout_s, env=env)
+
+    async def run_at(
+        self,
+        cwd: str,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        """`run`, starting in `cwd` instead of the workdir."""
         from e2b import CommandExitException
 
+        envs = {**self._env, **(env or {})}
         with _mapped(self.id, "run a command"):
             try:
                 result = await self._sandbox.commands.run(
                     shlex.join(argv),
-                    envs=dict(env) if env else None,
-                    cwd=self.workdir,
+                    envs=envs or None,
+                    user=self._backend.user,
+                    cwd=cwd,
                     timeout=timeout_s,
                     request_timeout=self._backend.request_timeout_s,
                 )
@@ -181,16 +222,30 @@ class E2BSandbox:
         return CommandResult(result.exit_code, result.stdout, result.stderr)
 
     async def read_file(self, path: str) -> bytes:
+        return await self.read_path(self._path(path))
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        await self.write_path(self._path(path), data)
+
+    async def read_path(self, path: str) -> bytes:
+        """Read a file by its absolute path in the sandbox."""
         with _mapped(self.id, f"read {path!r}"):
             data = await self._sandbox.files.read(
-                self._path(path), format="bytes", request_timeout=self._backend.request_timeout_s
+                _absolute(path, self.id),
+                format="bytes",
+                user=self._backend.user,
+                request_timeout=self._backend.request_timeout_s,
             )
         return bytes(data)
 
-    async def write_file(self, path: str, data: bytes | str) -> None:
+    async def write_path(self, path: str, data: bytes | str) -> None:
+        """Write a file by its absolute path in the sandbox (its directories are made)."""
         with _mapped(self.id, f"write {path!r}"):
             await self._sandbox.files.write(
-                self._path(path), data, request_timeout=self._backend.request_timeout_s
+                _absolute(path, self.id),
+                data,
+                user=self._backend.user,
+                request_timeout=self._backend.request_timeout_s,
             )
 
     async def kill(self) -> bool:
@@ -200,6 +255,12 @@ class E2BSandbox:
         if path.startswith("/") or ".." in path.split("/"):
             raise SandboxError(f"{path!r} is not a path inside {self.workdir}", sandbox_id=self.id)
         return f"{self.workdir}/{path}"
+
+
+def _absolute(path: str, sandbox_id: str) -> str:
+    if not path.startswith("/") or ".." in path.split("/"):
+        raise SandboxError(f"{path!r} is not an absolute sandbox path", sandbox_id=sandbox_id)
+    return path
 
 
 @contextmanager

@@ -35,7 +35,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
 import anyio
@@ -47,6 +47,7 @@ from plies.runtime import RemoteRef
 from ._env import Env, Observation, Task, ToolResult, tool
 from .bubblewrap import BubblewrapBackend, BubblewrapSandbox, Forward, Mount
 from .dockerfile import CopyStep, DockerfilePlan, plan_dockerfile
+from .e2b_backend import E2BBackend, E2BSandbox
 from .mcp_client import McpServer
 from .sandbox import new_episode_id
 
@@ -58,6 +59,11 @@ HARBOR_MOUNTS = (
     Mount("solution", "/solution"),
 )
 """The absolute paths a Harbor task's scripts use besides the workspace."""
+
+_VERIFIER = "/logs/verifier"
+"""Where a task's tests write its reward; emptied before they run."""
+_FILE_OP_S = 60.0
+"""The most one file operation of the sandbox may take."""
 
 MAX_OUTPUT_CHARS = 8000
 """What a `bash` call shows the model of its output: the head and the tail beyond this."""
@@ -191,6 +197,12 @@ class HarborTask:
             forwards=forwards,
         )
 
+    def e2b_backend(self, **options: Any) -> E2BBackend:
+        """An E2B backend for this task: its workdir, commands and files as root (the task's
+        paths lie outside the default user's home). `options` go to `E2BBackend` (template,
+        timeouts, API key). The template's system stands in for the Dockerfile's `FROM`."""
+        return E2BBackend(workdir=self.plan.workdir, user="root", **options)
+
 
 class HarborEnv(Env):
     """One episode of a Harbor task in its own bubblewrap sandbox.
@@ -216,7 +228,7 @@ class HarborEnv(Env):
     def __init__(
         self,
         task: HarborTask,
-        backend: BubblewrapBackend | None = None,
+        backend: BubblewrapBackend | E2BBackend | None = None,
         *,
         run_id: str = "harbor",
         command_timeout_s: float = 120.0,
@@ -228,7 +240,8 @@ class HarborEnv(Env):
         self.run_id = run_id
         self.command_timeout_s = command_timeout_s
         self.system_prompt = system_prompt
-        self.sandbox: BubblewrapSandbox | None = None
+        self.sandbox: BubblewrapSandbox | E2BSandbox | None = None
+        self._paths: _BubblewrapPaths | _E2BPaths | None = None
         self._agent_deadline: float | None = None
 
     def remote_refs(self) -> list[RemoteRef]:
@@ -242,8 +255,12 @@ class HarborEnv(Env):
             sandbox = await self.backend.create(
                 run_id=self.run_id, episode_id=new_episode_id(task.id)
             )
-        assert isinstance(sandbox, BubblewrapSandbox)
+        assert isinstance(sandbox, BubblewrapSandbox | E2BSandbox)
         self.sandbox = sandbox
+        if isinstance(sandbox, BubblewrapSandbox):
+            self._paths = _BubblewrapPaths(sandbox)
+        else:
+            self._paths = _E2BPaths(sandbox)
         await self._build(sandbox)
         if self.task.agent_timeout_s is not None:
             self._agent_deadline = time.monotonic() + self.task.agent_timeout_s
@@ -260,7 +277,7 @@ class HarborEnv(Env):
             self.sandbox = None
 
     @property
-    def workspace(self) -> BubblewrapSandbox:
+    def workspace(self) -> BubblewrapSandbox | E2BSandbox:
         """The episode's sandbox: an agent program runs in it (`AgentHarness`).
 
         Raises:
@@ -317,7 +334,7 @@ class HarborEnv(Env):
         if not self.task.has_solution:
             raise ConfigError(f"task {self.task.name} has no solution/solve.sh")
         sandbox = self._sandbox()
-        await _copy_tree(self.task.path / "solution", sandbox.host_path("solution"))
+        await self._place().put(self.task.path / "solution", "/solution")
         limit = self.task.agent_timeout_s or self.command_timeout_s
         result = await sandbox.run(
             ["bash", "/solution/solve.sh"], timeout_s=limit, env=self.task.solution_env
@@ -331,19 +348,25 @@ class HarborEnv(Env):
             return None
         return self._agent_deadline - time.monotonic()
 
-    def _sandbox(self) -> BubblewrapSandbox:
+    def _place(self) -> _BubblewrapPaths | _E2BPaths:
+        if self._paths is None:
+            raise EnvError(f"the sandbox of task {self.task.name} is gone")
+        return self._paths
+
+    def _sandbox(self) -> BubblewrapSandbox | E2BSandbox:
         if self.sandbox is None:
             raise EnvError(f"the sandbox of task {self.task.name} is gone")
         return self.sandbox
 
-    async def _build(self, sandbox: BubblewrapSandbox) -> None:
+    async def _build(self, sandbox: BubblewrapSandbox | E2BSandbox) -> None:
         plan = self.task.plan
         deadline = time.monotonic() + self.task.build_timeout_s
+        place = self._place()
+        for mount in HARBOR_MOUNTS:
+            await place.clear(mount.target)
         for step in plan.steps:
             if isinstance(step, CopyStep):
-                target = sandbox.host_workdir / step.dest
-                copy = _copy_tree if step.source.is_dir() else _copy_file
-                await copy(step.source, target)
+                await place.put(step.source, str(PurePosixPath(plan.workdir) / step.dest))
                 continue
             where = f"{self.task.path}/environment/Dockerfile:{step.line}: RUN"
             left = deadline - time.monotonic()
@@ -364,11 +387,9 @@ class HarborEnv(Env):
         sandbox.set_env(plan.env)  # what the image ends with: the agent's and tests' commands
 
     async def _verify(self, *, agent_timeout: bool) -> ToolResult:
-        sandbox = self._sandbox()
-        verifier = sandbox.host_path("logs") / "verifier"
-        await anyio.to_thread.run_sync(lambda: shutil.rmtree(verifier, ignore_errors=True))
-        await anyio.Path(verifier).mkdir(parents=True)
-        await _copy_tree(self.task.path / "tests", sandbox.host_path("tests"))
+        sandbox, place = self._sandbox(), self._place()
+        await place.clear(_VERIFIER)
+        await place.put(self.task.path / "tests", "/tests")
         try:
             result = await sandbox.run(
                 ["bash", "/tests/test.sh"],
@@ -380,7 +401,11 @@ class HarborEnv(Env):
                 f"the tests of {self.task.name} did not finish in "
                 f"{self.task.verifier_timeout_s:g}s: the reward is unknown"
             ) from err
-        rewards = await anyio.to_thread.run_sync(_read_rewards, verifier, self.task.name)
+        rewards = _rewards(
+            await place.read(f"{_VERIFIER}/reward.txt"),
+            await place.read(f"{_VERIFIER}/reward.json"),
+            self.task.name,
+        )
         reward = float(rewards.get("reward", next(iter(rewards.values()))))
         info = {"rewards": rewards, "test_exit_code": result.exit_code}
         if agent_timeout:
@@ -389,14 +414,13 @@ class HarborEnv(Env):
         return ToolResult(content=text, reward=reward, done=True, info=info)
 
 
-def _read_rewards(verifier: Path, name: str) -> dict[str, float]:
+def _rewards(text: bytes | None, json_text: bytes | None, name: str) -> dict[str, float]:
     """Harbor's rules: reward.txt holds one number; else reward.json a number per key."""
-    text_path, json_path = verifier / "reward.txt", verifier / "reward.json"
     try:
-        if text_path.is_file():
-            rewards: Any = {"reward": float(text_path.read_text())}
-        elif json_path.is_file():
-            rewards = json.loads(json_path.read_text())
+        if text is not None:
+            rewards: Any = {"reward": float(text.decode())}
+        elif json_text is not None:
+            rewards = json.loads(json_text)
             rewards = rewards if isinstance(rewards, dict) else {"reward": rewards}
         else:
             raise EnvError(f"the tests of {name} wrote no reward.txt or reward.json")
@@ -407,8 +431,66 @@ def _read_rewards(verifier: Path, name: str) -> dict[str, float]:
         ):
             raise EnvError(f"the tests of {name} wrote rewards that are not finite numbers")
         return {k: float(v) for k, v in values.items()}
-    except (OSError, ValueError) as err:
+    except (UnicodeDecodeError, ValueError) as err:
         raise EnvError(f"the tests of {name} wrote an unreadable reward: {err}") from err
+
+
+class _BubblewrapPaths:
+    """The task's absolute paths in a bubblewrap sandbox: host directories bound inside."""
+
+    def __init__(self, sandbox: BubblewrapSandbox) -> None:
+        self.sandbox = sandbox
+        self._binds = [(PurePosixPath(str(sandbox.workdir)), sandbox.host_workdir)]
+        self._binds += [
+            (PurePosixPath(m.target), sandbox.host_path(m.source)) for m in HARBOR_MOUNTS
+        ]
+
+    def _host(self, path: str) -> Path:
+        inside = PurePosixPath(path)
+        for target, host in self._binds:
+            if inside == target or target in inside.parents:
+                return host / inside.relative_to(target)
+        raise EnvError(f"{path} is not a path the sandbox binds")
+
+    async def put(self, source: Path, target: str) -> None:
+        copy = _copy_tree if source.is_dir() else _copy_file
+        await copy(source, self._host(target))
+
+    async def read(self, path: str) -> bytes | None:
+        host = anyio.Path(self._host(path))
+        return await host.read_bytes() if await host.is_file() else None
+
+    async def clear(self, path: str) -> None:
+        host = self._host(path)
+        await anyio.to_thread.run_sync(lambda: shutil.rmtree(host, ignore_errors=True))
+        await anyio.Path(host).mkdir(parents=True)
+
+
+class _E2BPaths:
+    """The task's absolute paths in an E2B sandbox: real directories of its filesystem."""
+
+    def __init__(self, sandbox: E2BSandbox) -> None:
+        self.sandbox = sandbox
+
+    async def put(self, source: Path, target: str) -> None:
+        files = (
+            [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+        )
+        for path in files:
+            relative = "" if path == source else path.relative_to(source).as_posix()
+            where = str(PurePosixPath(target) / relative) if relative else target
+            await self.sandbox.write_path(where, await anyio.Path(path).read_bytes())
+
+    async def read(self, path: str) -> bytes | None:
+        found = await self.sandbox.run_at("/", ["test", "-f", path], timeout_s=_FILE_OP_S)
+        return await self.sandbox.read_path(path) if found.exit_code == 0 else None
+
+    async def clear(self, path: str) -> None:
+        done = await self.sandbox.run_at(
+            "/", ["sh", "-c", 'rm -rf "$1" && mkdir -p "$1"', "sh", path], timeout_s=_FILE_OP_S
+        )
+        if done.exit_code != 0:
+            raise EnvError(f"cannot empty {path} in the sandbox: {done.stderr.strip()[-300:]}")
 
 
 def _clip(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:

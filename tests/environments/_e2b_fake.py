@@ -8,6 +8,10 @@ commands: each fake sandbox is a directory standing in for the sandbox's filesys
 commands run as subprocesses inside it.
 
 `FakeE2BCloud` holds the state one test sees (no module state) and the faults it injects.
+With `isolated=True` each sandbox's directory is its root filesystem, as a real sandbox's is:
+commands run in bubblewrap with that directory at `/` (the host's `/usr` and `/etc` read-only
+standing in for the template's system), so a task's absolute paths (`/app`, `/tests`) land in
+the sandbox, not on the host.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ class FakeSandboxRecord:
 class FakeE2BCloud:
     """What E2B's control plane knows, plus knobs for faults."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, isolated: bool = False):
         self.root = root
+        self.isolated = isolated
         self.sandboxes: dict[str, FakeSandboxRecord] = {}
         self.by_key: dict[str, str] = {}
         self.creates = 0
@@ -110,6 +115,10 @@ class FakeAsyncSandbox:
         sandbox_id = f"fake{uuid.uuid4().hex[:16]}"
         root = cloud.root / sandbox_id
         (root / "home" / "user").mkdir(parents=True)
+        if cloud.isolated:
+            for d in _SYSTEM_LINKS:
+                if Path(d).is_symlink():
+                    (root / d.lstrip("/")).symlink_to(Path(d).readlink())
         record = FakeSandboxRecord(sandbox_id, root, template, timeout, dict(metadata or {}), key)
         cloud.sandboxes[sandbox_id] = record
         if key is not None:
@@ -154,13 +163,19 @@ class FakeCommands:
     ) -> CommandResult:
         record = self._cloud._require(self._id)
         record.commands.append(cmd)
-        workdir = record.root / (cwd or "/home/user").lstrip("/")
-        # The template's python3 is this interpreter; the rest of PATH is a stock image's.
-        path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
-        env = {"PATH": path, "HOME": str(record.root / "home/user")}
+        argv = shlex.split(cmd)
+        if self._cloud.isolated:
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/home/user"}
+            argv = [*_rooted(record.root, cwd or "/home/user"), *argv]
+            workdir = record.root
+        else:
+            workdir = record.root / (cwd or "/home/user").lstrip("/")
+            # The template's python3 is this interpreter; the rest of PATH is a stock image's.
+            path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+            env = {"PATH": path, "HOME": str(record.root / "home/user")}
         with anyio.move_on_after(timeout or 3600) as scope:
             done = await anyio.run_process(
-                shlex.split(cmd), cwd=workdir, env={**env, **(envs or {})}, check=False,
+                argv, cwd=workdir, env={**env, **(envs or {})}, check=False,
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
         if scope.cancelled_caught:
@@ -172,6 +187,22 @@ class FakeCommands:
                 stderr=stderr, stdout=stdout, exit_code=done.returncode, error=None
             )
         return CommandResult(stderr=stderr, stdout=stdout, exit_code=0, error=None)
+
+
+_SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib64")
+"""Merged-usr links of the host, made once in an isolated sandbox's root at create."""
+
+
+def _rooted(root: Path, cwd: str) -> list[str]:
+    """bubblewrap with `root` as `/`: the sandbox's own filesystem, the host's system beside."""
+    cmd = ["bwrap", "--die-with-parent", "--unshare-pid", "--bind", str(root), "/"]
+    cmd += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for d in _SYSTEM_LINKS:
+        host = Path(d)
+        if host.is_dir() and not host.is_symlink():
+            cmd += ["--ro-bind", d, d]
+    cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--chdir", cwd, "--"]
+    return cmd
 
 
 class FakeFilesystem:
