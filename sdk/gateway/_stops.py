@@ -83,16 +83,17 @@ class StopStrings:
 class StopMatcher:
     """Finds where the first matched stop string completes, feeding ids one at a time.
 
-    The window holds `MAX_STOP_CHARS + 2` ids: every id decodes to at least one character
-    (bar byte fragments, hence the slack), so a stop string that completes at the newest id
-    lies inside the window's text.
+    The window holds as many ids as the longest stop string has UTF-8 bytes, plus 2: a
+    byte-level id covers at least one byte (a rare character is up to four ids, so counting
+    characters would be too few), and the slack covers a character split across the window's
+    first ids. A stop string that completes at the newest id lies inside the window's text.
     """
 
     def __init__(self, tokenizer: Any, stops: Sequence[str]):
         self._tokenizer = tokenizer
         self._stops = tuple(stops)
         self._last_chars = frozenset(s[-1] for s in stops)
-        self._window = max(len(s) for s in stops) + 2
+        self._window = max(len(s.encode()) for s in stops) + 2
         self._tail: list[int] = []
         self.fed = 0
 

@@ -90,7 +90,12 @@ class Watch:
 def hostile(server: Server) -> Iterator[Watch]:
     """Hold the property during the block: `/health` polled every 20 ms answers within 200 ms,
     and the peak RSS (`VmHWM`, reset at the start) exceeds the RSS at the start by at most
-    500 MB."""
+    500 MB.
+
+    A poll that fails or times out counts as a breach, with the time it waited: the poller
+    must not die quietly, or a loop frozen past the client's timeout would leave no slow
+    answer on record and pass (the server before issue 32 did exactly that while it cut a
+    20,000-stop-string sample on its loop)."""
     watch = Watch()
     before = _status(server.pid, "VmRSS")
     Path(f"/proc/{server.pid}/clear_refs").write_text("5")  # resets VmHWM to the RSS now
@@ -101,10 +106,13 @@ def hostile(server: Server) -> Iterator[Watch]:
             http.get("/health")  # connected before the request: only answers are timed
             while not stop.is_set():
                 started = time.monotonic()
-                resp = http.get("/health")
+                try:
+                    status = http.get("/health").status_code
+                except httpx.HTTPError as exc:
+                    status = f"no answer ({type(exc).__name__})"
                 took = time.monotonic() - started
-                if resp.status_code != 200:
-                    watch.errors.append(f"/health answered {resp.status_code}")
+                if status != 200:
+                    watch.errors.append(f"/health: {status} after {took:.2f} s")
                 watch.worst_health_s = max(watch.worst_health_s, took)
                 watch.polls += 1
                 polling.set()
@@ -118,6 +126,8 @@ def hostile(server: Server) -> Iterator[Watch]:
     finally:
         stop.set()
         thread.join(15)
+    if thread.is_alive():
+        watch.errors.append("/health still unanswered 15 s after the request")
     watch.growth = _status(server.pid, "VmHWM") - before
     assert not watch.errors, watch.errors
     assert watch.worst_health_s < HEALTH_BUDGET_S, watch
@@ -319,15 +329,25 @@ def test_stop_strings_are_bounded(server, sampler_id):
 
 
 def test_a_stop_string_that_never_matches_keeps_the_server_responsive(server, sampler_id):
-    """The issue's case scaled down to CI: 16 samples that all run to `max_tokens` and are
-    searched for `</answer>` and 31 other strings (the linear-time cut is in
-    tests/tinker/test_stop_strings.py)."""
-    stops = ["</answer>", *(f"<stop{i}>" for i in range(31))]
+    """The issue's case scaled down to CI: 8 samples that all run to 500 tokens, searched for
+    the most strings taken (32), one of them the longest taken (256 characters).
+
+    The server before issue 32 decoded every prefix of each sample on the event loop: at this
+    size `/health` waited 0.54 s there (measured against that commit), so the property fails
+    on it; the cut now runs off the loop in one pass (its linear time and its agreement with
+    the shortest-prefix definition are in tests/tinker/test_stop_strings.py). Few samples,
+    long ones: the old cost grows with the square of a sample's length, sampling time only
+    linearly, so this is a cheap size that fails the old code with a margin (16 samples
+    of 120 tokens blocked it for 70 ms, and passed)."""
+    samples, length = 8, 500
+    longest = ("</answer>" * 29)[:256]
+    stops = ["</answer>", longest, *(f"<stop{i}>" for i in range(30))]
     with hostile(server):
-        got = result(server, post(server, "asample", json=asample(sampler_id, 16, 120, stops)))
+        body = asample(sampler_id, samples, length, stops)
+        got = result(server, post(server, "asample", json=body))
     response = pb.SampleResponse.FromString(got["proto"])
-    assert len(response.sequences) == 16
-    assert all(len(s.tokens) // 4 == 120 for s in response.sequences)
+    assert len(response.sequences) == samples
+    assert all(len(s.tokens) // 4 == length for s in response.sequences)  # none was cut
 
 
 # -- 4. seq_ids far ahead ------------------------------------------------------------------------

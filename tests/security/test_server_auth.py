@@ -116,11 +116,16 @@ def test_the_tinker_sdk_works_with_the_token_as_its_api_key(token_server, monkey
 def test_gateway_with_its_own_token_in_front_of_a_token_server(
     token_server, qwen3_tokenizer_dir, tmp_path, monkeypatch
 ):
+    """The admin token comes from the environment, as in issue 32's finding (the gateway
+    printed it on its ready line all the same): a token the user gave is printed nowhere,
+    neither on stdout's ready line nor in the log."""
     admin = "gateway-admin-token-0123456789"
     monkeypatch.setenv("PLIES_TOKEN", TOKEN)  # the policy server's, read as --sampler-token
-    cmd = plies_command("gateway", "--sampler", token_server.url, "--token", admin)
+    monkeypatch.setenv("PLIES_GATEWAY_TOKEN", admin)  # read as --token
+    cmd = plies_command("gateway", "--sampler", token_server.url)
     cmd += ["--tokenizer", str(qwen3_tokenizer_dir), "--max-tokens", "4"]
-    with serve_process_sync(cmd, log=tmp_path / "gateway.log") as gateway:
+    log = tmp_path / "gateway.log"
+    with serve_process_sync(cmd, log=log) as gateway:
         assert "admin_token" not in gateway.ready  # a token the user gave is never printed
         assert admin not in json.dumps(gateway.ready)
         with httpx.Client(base_url=gateway.url, timeout=60) as http:
@@ -132,3 +137,4 @@ def test_gateway_with_its_own_token_in_front_of_a_token_server(
                     model="any", messages=[{"role": "user", "content": "hi"}]
                 )
             assert reply.usage.completion_tokens <= 4
+    assert admin not in log.read_text(errors="replace")
