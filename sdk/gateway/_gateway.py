@@ -550,8 +550,10 @@ class Gateway(AsyncLifecycle):
             # The agent asked for no tool calls: what the model wrote is returned as text.
             content = self.renderer.tokenizer.decode(completion_ids, skip_special_tokens=True)
             calls = []
-        if stop_sequence is not None and content and content.endswith(stop_sequence):
-            content = content[: -len(stop_sequence)]  # clients never see the stop string
+        if stop_sequence is not None and content and stop_sequence in content:
+            # Clients never see the stop string, nor what its last token sampled after it.
+            # No earlier id completed a stop, so its first place in the text is the match.
+            content = content[: content.index(stop_sequence)]
         reply: dict[str, Any] = {
             "role": "assistant",
             "content": content if content or not calls else None,

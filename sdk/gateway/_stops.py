@@ -1,7 +1,9 @@
 """Stop strings: bounded, compiled off the event loop, matched incrementally on a tail window.
 
-Engines stop by token id, so a stop string that is one token is handed to the engine. Any
-other stop string is matched by the gateway on the sampled ids: a `StopMatcher` is fed ids
+Engines stop by token id, so a stop string that is one token is handed to the engine, which
+then stops as soon as it samples that token. Every stop string, that one too, is also matched
+by the gateway on the sampled text, as OpenAI and Anthropic define stop strings (`"\n"`
+stops inside a token `".\n\n"`, which the engine's id check misses): a `StopMatcher` is fed ids
 one at a time (the way a streamed completion arrives) and decodes only a tail window of the
 last few ids, and only when the newest id's text holds the last character of some stop
 string, so matching costs O(window) per candidate id and never O(completion). The completion
@@ -57,7 +59,7 @@ class StopStrings:
     Attributes:
         by_id: stop strings that are exactly one token, by that token's id: the engine stops
             on them.
-        matched: the others, matched by a `StopMatcher` on the sampled ids.
+        matched: every stop string, matched by a `StopMatcher` on the sampled text.
     """
 
     by_id: dict[int, str]
@@ -67,14 +69,11 @@ class StopStrings:
     def compile(cls, tokenizer: Any, stops: Sequence[str]) -> StopStrings:
         """Encode each (bounded) string once. Blocking: call it in a worker thread."""
         by_id: dict[int, str] = {}
-        matched: list[str] = []
         for text in stops:
             ids = tokenizer.encode(text, add_special_tokens=False)
             if len(ids) == 1:
                 by_id[ids[0]] = text
-            else:
-                matched.append(text)
-        return cls(by_id, tuple(matched))
+        return cls(by_id, tuple(stops))
 
     def matcher(self, tokenizer: Any) -> StopMatcher | None:
         return StopMatcher(tokenizer, self.matched) if self.matched else None

@@ -238,6 +238,28 @@ async def test_stop_sequences_cut_the_completion_and_the_next_turn_extends(
     assert first.finish_reason == "abort"
 
 
+async def test_a_one_token_stop_inside_a_longer_token_still_stops(policy_server, qwen3_tokenizer):
+    """`"\n"` is one token, handed to the engine as a stop id; the sampled token `".\n\n"`
+    holds it without being it, so only the gateway's text match can stop there."""
+    async with gateway_stack(policy_server, qwen3_tokenizer) as stack:
+        key = await stack.gateway.create_session("stop-in-token")
+        client = client_for(stack, key)
+        text = "Line one.\n\nLine two<|im_end|>"
+        sampled = qwen3_tokenizer.encode(text, add_special_tokens=False)
+        assert ".\n\n" in [qwen3_tokenizer.decode([i]) for i in sampled]
+        stack.engine.queue(sampled)
+        messages = [{"role": "user", "content": "two lines"}]
+        reply = await client.messages.create(
+            model="m", max_tokens=50, messages=messages, stop_sequences=["\n"]
+        )
+        assert reply.stop_reason == "stop_sequence" and reply.stop_sequence == "\n"
+        assert reply.content[0].text == "Line one."
+        trajectory = await stack.gateway.finish_session(key)
+    (turn,) = trajectory.turns
+    assert qwen3_tokenizer.decode(turn.completion_ids) == "Line one.\n\n"
+    assert turn.completion_ids == sampled[:3] and turn.finish_reason == "abort"
+
+
 async def test_refusals_use_anthropic_errors(policy_server, qwen3_tokenizer):
     async with gateway_stack(policy_server, qwen3_tokenizer) as stack:
         key = await stack.gateway.create_session("bad")
