@@ -26,7 +26,11 @@ Results: text content becomes the tool message; a result with `isError` comes ba
 errors for the call, are tool errors the model reads; a lost connection or a call past its
 timeout is an `EnvError` (the server may have acted, so the episode cannot go on).
 
-The `mcp` SDK is pinned to 1.x: openenv's fastmcp (a plies dependency) requires `mcp<2`.
+Both lines of the `mcp` SDK are spoken: 1.x, which plies installs (openenv's fastmcp, a plies
+dependency, requires `mcp<2`), and 2.x, which `.ci/mcp2-tier` installs in an environment of its
+own and runs the MCP tests in. Where the two differ (2.x's snake_case fields, `MCPError`,
+float timeouts, `list_tools(params=...)`, `httpx2` under the HTTP transport, the low-level
+server's handlers given to its constructor), the helpers at the top of this module choose.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -81,6 +86,32 @@ MARK_VAR = "PLIES_MCP_SESSION"
 SUBMIT_TOOL = "submit"
 
 _REQUEST_TIMEOUT = 408
+
+
+def _sdk_major() -> int:
+    """The installed `mcp` SDK's major version (1 or 2)."""
+    return int(version("mcp").split(".", 1)[0])
+
+
+def _sdk_field(model: Any, snake: str, camel: str) -> Any:
+    """A field of an SDK model by its 2.x name (snake_case) or its 1.x name (camelCase)."""
+    return getattr(model, snake) if snake in type(model).model_fields else getattr(model, camel)
+
+
+def _error_code_message(err: Exception) -> tuple[int, str]:
+    """The JSON-RPC code and message of the SDK's error (1.x keeps them in `error`)."""
+    data = getattr(err, "error", err)
+    return int(data.code), str(data.message)
+
+
+def _sdk_error() -> type[Exception]:
+    """The SDK's JSON-RPC error class: `MCPError` in 2.x, `McpError` in 1.x."""
+    import mcp
+
+    found: type[Exception] = getattr(mcp, "MCPError", None) or mcp.McpError
+    return found
+
+
 """The code the SDK's session gives a request that got no answer in time (HTTP's 408)."""
 
 Score = Callable[["McpEnv", str], Awaitable[float]]
@@ -339,8 +370,12 @@ class McpHost(AsyncLifecycle):
         return stdio_client(params, errlog=errlog)
 
     def _http(self, stack: AsyncExitStack) -> Any:
-        import httpx
         from mcp.client.streamable_http import streamable_http_client
+
+        if _sdk_major() >= 2:
+            import httpx2 as httpx  # 2.x's transport takes the httpx fork's client only
+        else:
+            import httpx
 
         assert self.server.url is not None
         # A response stream may stay open while a tool runs: reads wait as long as a call may.
@@ -363,9 +398,9 @@ class McpHost(AsyncLifecycle):
             tools = []
             cursor: str | None = None
             while True:
-                page = await client.list_tools(cursor)
+                page = await _list_tools(client, cursor)
                 tools.extend(page.tools)
-                cursor = page.nextCursor
+                cursor = _sdk_field(page, "next_cursor", "nextCursor")
                 if not cursor:
                     break
         ref: RemoteRef | None
@@ -447,7 +482,10 @@ class McpEnv(Env):
     def _tool(self, spec: mcp_types.Tool) -> Tool:
         import jsonschema
 
-        schema = dict(spec.inputSchema) or {"type": "object", "properties": {}}
+        schema = dict(_sdk_field(spec, "input_schema", "inputSchema")) or {
+            "type": "object",
+            "properties": {},
+        }
         validator = jsonschema.Draft202012Validator(schema)
         name = spec.name
 
@@ -464,27 +502,29 @@ class McpEnv(Env):
         return Tool(name=name, description=spec.description or name, parameters=schema, run=run)
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        from mcp import McpError
         from mcp.types import CONNECTION_CLOSED
 
         session = self.session
         if session is None or session._ended.is_set():
             raise EnvError(f"the MCP session of {self.host.server.name} has ended")
-        timeout = timedelta(seconds=self.host.call_timeout_s)
+        seconds = self.host.call_timeout_s
+        timeout = seconds if _sdk_major() >= 2 else timedelta(seconds=seconds)
         try:
             result = await session.client.call_tool(name, arguments, read_timeout_seconds=timeout)
-        except McpError as err:
-            if err.error.code in (CONNECTION_CLOSED, _REQUEST_TIMEOUT):
-                raise EnvError(
-                    f"{self.host.server.name} did not answer {name!r}: {err.error.message}"
-                ) from err
-            raise ToolError(err.error.message) from err
+        except _sdk_error() as err:
+            code, message = _error_code_message(err)
+            if code in (CONNECTION_CLOSED, _REQUEST_TIMEOUT):
+                server = self.host.server.name
+                raise EnvError(f"{server} did not answer {name!r}: {message}") from err
+            raise ToolError(message) from err
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as err:
             raise EnvError(f"lost the MCP session of {self.host.server.name}: {err!r}") from err
         info: dict[str, Any] = {}
-        if result.structuredContent is not None:
-            info["structured"] = result.structuredContent
-        return ToolResult(content=content_text(result), error=result.isError, info=info)
+        structured = _sdk_field(result, "structured_content", "structuredContent")
+        if structured is not None:
+            info["structured"] = structured
+        is_error = bool(_sdk_field(result, "is_error", "isError"))
+        return ToolResult(content=content_text(result), error=is_error, info=info)
 
     async def _submit(self, arguments: dict[str, Any]) -> ToolResult:
         answer = arguments.get("answer")
@@ -511,10 +551,22 @@ def content_text(result: mcp_types.CallToolResult) -> str:
         elif isinstance(block, types.ResourceLink):
             parts.append(f"[resource link {block.uri}]")
         else:
-            parts.append(f"[{block.type} {getattr(block, 'mimeType', '')}]".replace(" ]", "]"))
-    if not parts and result.structuredContent is not None:
-        parts.append(json.dumps(result.structuredContent, sort_keys=True))
+            mime = getattr(block, "mime_type", None) or getattr(block, "mimeType", "")
+            parts.append(f"[{block.type} {mime}]".replace(" ]", "]"))
+    structured = _sdk_field(result, "structured_content", "structuredContent")
+    if not parts and structured is not None:
+        parts.append(json.dumps(structured, sort_keys=True))
     return "\n".join(parts)
+
+
+async def _list_tools(client: ClientSession, cursor: str | None) -> Any:
+    """One page of `tools/list`: 2.x takes the cursor in `params`, 1.x as an argument."""
+    if _sdk_major() < 2:
+        return await client.list_tools(cursor)
+    from mcp import types
+
+    params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+    return await client.list_tools(params=params)
 
 
 def marked_processes(mark: str | None = None) -> list[int]:

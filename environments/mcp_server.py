@@ -28,6 +28,7 @@ from anyio.abc import TaskGroup
 from plies import AsyncLifecycle, EnvError, UsageError
 
 from ._env import Env, ToolResult
+from .mcp_client import _sdk_major
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "EnvMcpServer"]
 
@@ -171,18 +172,14 @@ class EnvMcpServer(AsyncLifecycle):
         from mcp import types
         from mcp.server.lowlevel import Server
 
-        server: Server[Any, Any] = Server(self.name)
-
-        @server.list_tools()
-        async def list_tools() -> list[types.Tool]:
+        def listed() -> list[types.Tool]:
             return [
                 types.Tool(name=t.name, description=t.description, inputSchema=t.parameters)
                 for t in self.env.tools()
             ]
 
         # The env validates arguments itself, with the same schema, and says what was wrong.
-        @server.call_tool(validate_input=False)
-        async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        async def called(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
             try:
                 result = await self.env.call_tool(name, arguments)
             except UsageError as err:
@@ -191,6 +188,26 @@ class EnvMcpServer(AsyncLifecycle):
             self.results.append(result)
             text = types.TextContent(type="text", text=result.content)
             return types.CallToolResult(content=[text], isError=result.error)
+
+        if _sdk_major() >= 2:  # 2.x: handlers are given to the constructor
+
+            async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+                return types.ListToolsResult(tools=listed())
+
+            async def on_call_tool(ctx: Any, params: Any) -> types.CallToolResult:
+                return await called(params.name, dict(params.arguments or {}))
+
+            return Server(self.name, on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+
+        server: Server[Any, Any] = Server(self.name)
+
+        @server.list_tools()
+        async def list_tools() -> list[types.Tool]:
+            return listed()
+
+        @server.call_tool(validate_input=False)
+        async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+            return await called(name, arguments)
 
         return server
 

@@ -29,7 +29,9 @@ from plies.tokens import ChatRenderer
 
 pytestmark = pytest.mark.anyio
 
-BIN = Path(sys.executable).parent
+BIN = Path(os.environ.get("PLIES_MCP_SERVER_BIN") or Path(sys.executable).parent)
+"""Where the PyPI servers are: this environment's, or (.ci/mcp2-tier, whose SDK is 2.x) the
+main one's, so a 2.x client talks to servers built on the 1.x SDK they were released with."""
 TOKYO = {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}
 
 
@@ -124,7 +126,7 @@ async def test_two_concurrent_episodes_on_a_stateful_server_never_share_state(
 
     async def score(env: McpEnv, answer: str) -> float:
         graph = await env.session.client.call_tool("read_graph", {})
-        entities = graph.structuredContent["entities"]
+        entities = json.loads(graph.content[0].text)["entities"]
         mine = [e["name"] for e in entities]
         return 1.0 if mine == [f"secret-of-{answer}"] else 0.0
 

@@ -1,6 +1,13 @@
-"""A plies env's tools served over MCP, used by the `mcp` SDK's own client and by `McpEnv`."""
+"""A plies env's tools served over MCP, used by the `mcp` SDK's own client and by `McpEnv`.
+
+The SDK's client is driven as each major line wants it (`.ci/mcp2-tier` runs this file on 2.x):
+2.x takes an `httpx2` client, yields two streams, and names fields in snake_case.
+"""
 
 from __future__ import annotations
+
+from importlib.metadata import version
+from typing import Any
 
 import httpx
 import pytest
@@ -16,27 +23,45 @@ from plies.tokens import ChatRenderer
 
 pytestmark = pytest.mark.anyio
 
+V2 = int(version("mcp").split(".")[0]) >= 2
+
+
+def http_client(headers: dict[str, str]) -> Any:
+    if V2:
+        import httpx2
+
+        return httpx2.AsyncClient(headers=headers)
+    return httpx.AsyncClient(headers=headers)
+
+
+def schema_of(tool: Any) -> Any:
+    return tool.input_schema if V2 else tool.inputSchema
+
+
+def is_error(result: Any) -> bool:
+    return bool(result.is_error if V2 else result.isError)
+
 
 async def test_the_mcp_sdk_client_plays_a_hand_of_blackjack_through_the_served_env():
     async with BlackjackEnv() as env:
         opening = await env.reset(Task(id="hand", seed=3))
         async with EnvMcpServer(env) as server:
             async with (
-                httpx.AsyncClient(headers=server.headers) as http,
-                streamable_http_client(server.url, http_client=http) as (read, write, _),
-                ClientSession(read, write) as client,
+                http_client(server.headers) as http,
+                streamable_http_client(server.url, http_client=http) as streams,
+                ClientSession(streams[0], streams[1]) as client,
             ):
                 await client.initialize()
                 listed = await client.list_tools()
                 assert {t.name for t in listed.tools} == {"hit", "stand"}
-                schemas = {t.name: t.inputSchema for t in listed.tools}
+                schemas = {t.name: schema_of(t) for t in listed.tools}
                 assert schemas == {t.name: t.parameters for t in env.tools()}
                 bad = await client.call_tool("hit", {"cards": 3})
-                assert bad.isError and "cards" in bad.content[0].text
+                assert is_error(bad) and "cards" in bad.content[0].text
                 result = await client.call_tool("stand", {})
-                assert not result.isError
+                assert not is_error(result)
                 late = await client.call_tool("hit", {})
-                assert late.isError and "done" in late.content[0].text
+                assert is_error(late) and "done" in late.content[0].text
             assert env.done
             [refused, stood] = server.results
             assert refused.error and stood.done
