@@ -33,7 +33,9 @@ BASE = "FROM ubuntu:24.04\nWORKDIR /app\n"
 FIX = "sed -i 's|/ (len(values) + 1)|/ len(values)|' /app/stats/core.py"
 
 
-async def play(tokenizer, script, task: HarborTask, root: Path, n: int = 1):
+async def play(tokenizer, script, task: HarborTask, root: Path | None, n: int = 1, backend=None):
+    """A group of `n` episodes of `task` through the harness; sandboxes under `root`, or from
+    `backend` when given."""
     harness = ToolCallingHarness(
         ChatRenderer(tokenizer),
         ScriptedPolicy(tokenizer, script),
@@ -42,7 +44,7 @@ async def play(tokenizer, script, task: HarborTask, root: Path, n: int = 1):
     )
 
     async def make() -> HarborEnv:
-        return HarborEnv(task, task.backend(root))
+        return HarborEnv(task, backend or task.backend(root))
 
     async with RolloutResources(policy=harness.policy, pools=[EnvPool(make)]) as resources:
         async with RolloutDriver(resources, harness.play, policy=POLICY) as driver:

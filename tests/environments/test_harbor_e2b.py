@@ -11,17 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyio
 import pytest
 from _e2b_fake import FakeE2BCloud
-from scripted_policy import POLICY, ScriptedPolicy
+from test_harbor import play
 
 from plies import Status
 from plies.environments import HarborEnv, HarborTask, Task
-from plies.harness import EpisodeLimits, ToolCallingHarness
-from plies.policy import SamplingParams
-from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
-from plies.tokens import ChatRenderer
 
 pytestmark = pytest.mark.anyio
 
@@ -47,25 +42,8 @@ async def test_a_task_is_solved_on_e2b_with_reward_one_from_its_own_tests(qwen3_
         ]
         return steps[turn] if turn < len(steps) else [("submit", {})]
 
-    harness = ToolCallingHarness(
-        ChatRenderer(qwen3_tokenizer),
-        ScriptedPolicy(qwen3_tokenizer, script),
-        SamplingParams(max_tokens=256, temperature=0.0),
-        limits=EpisodeLimits(max_turns=8),
-    )
-
-    async def make() -> HarborEnv:
-        return HarborEnv(task, backend)
-
-    async with (
-        RolloutResources(policy=harness.policy, pools=[EnvPool(make)]) as resources,
-        RolloutDriver(resources, harness.play, policy=POLICY) as driver,
-    ):
-        await driver.admit(GroupSpec(task_id=task.name, size=2, task=Task(id=task.name)))
-        driver.close_admission()
-        with anyio.fail_after(120):
-            [group] = [g async for g in driver.groups()]
-    for traj in group.trajectories:
+    trajectories, _ = await play(qwen3_tokenizer, script, task, None, n=2, backend=backend)
+    for traj in trajectories:
         assert traj.status is Status.COMPLETED, (traj.error, traj.info)
         assert traj.reward == 1.0 and traj.info["env"]["rewards"] == {"reward": 1.0}
         first = next(m["content"] for m in traj.messages if m["role"] == "tool")
