@@ -9,6 +9,7 @@ sandbox's own and a bad path cannot touch the host. The rewards are what each ta
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,13 @@ async def test_without_a_solution_the_tests_pay_nothing_on_e2b(cloud):
         await env.call_tool("bash", {"command": "echo 1 > /logs/verifier/reward.txt"})
         result = await env.call_tool("submit", {})
     assert result.reward == 0.0 and result.done
+
+
+@pytest.mark.skipif(not os.environ.get("E2B_API_KEY"), reason="needs E2B_API_KEY and E2B's cloud")
+async def test_live_e2b_runs_the_oracle_of_a_shipped_task():
+    task = HarborTask.load(TASKS / "fix-mean")
+    backend = task.e2b_backend(sandbox_timeout_s=300)
+    async with HarborEnv(task, backend, run_id="live-harbor") as env:
+        await env.reset(Task(id=task.name))
+        result = await env.oracle()
+    assert result.reward == 1.0 and result.info["solve_exit_code"] == 0, result
