@@ -79,15 +79,20 @@ class _StandInEngine(asyncio.Protocol):
             self.transport.write(self.body)
 
 
-def serve_standin(latency: float) -> None:
-    ids = list(range(100, 100 + STANDIN_TOKENS))
+def serve_standin(latency: float, ids: list[int] | None = None, finish: str = "length") -> None:
+    """Serve the stand-in engine; prints `{"url": ...}` once listening.
+
+    `ids`: the completion every request gets (default: 8 arbitrary ids, cut at the limit);
+    `gateway_bench.py` passes a well-formed Qwen3 reply that ends with its stop token.
+    """
+    ids = ids if ids is not None else list(range(100, 100 + STANDIN_TOKENS))
     payload = json.dumps(
         {
             "choices": [
                 {
                     "token_ids": ids,
                     "logprobs": {"token_logprobs": [-0.5] * len(ids)},
-                    "finish_reason": "length",
+                    "finish_reason": finish,
                 }
             ],
             "plies_policy": {"uri": "plies://bench/policies/0", "version": 0, "digest": ""},
