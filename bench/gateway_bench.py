@@ -15,7 +15,8 @@ the assistant's reply appended as it came back. An agent whose session ends star
 Printed per C: turns/s in a window after every agent has started, against the ideal C/L;
 the gateway process's CPU per turn (from /proc, over the same window); how many turns
 extended the stored tokens; and failed requests. Target (L = 100 ms): >= 70% of ideal at
-C = 256.
+C = 256. `--profile` runs the gateway under cProfile (slower) and prints what its main steps
+cost per turn.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +119,7 @@ async def measure(url: str, token: str, concurrency: int, turns: int, latency: f
         "gateway_cpu_us_per_turn": round(per_turn_us),
         "later_turns_extended": f"{counts.extended}/{later}",
         "failed_requests": counts.failed,
+        "turns_in_all": counts.turns,
     }
 
 
@@ -134,6 +137,9 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument(
+        "--profile", action="store_true", help="run the gateway under cProfile; print its steps"
+    )
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -146,10 +152,14 @@ def main() -> None:
     engine, where = start(
         [sys.executable, "-c", f"from runtime_bench import serve_standin; {serve}"]
     )
-    plies = str(Path(sys.executable).with_name("plies"))
+    profile = Path(tempfile.mkdtemp()) / "gateway.prof"
+    if args.profile:
+        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "plies"]
+    else:
+        command = [str(Path(sys.executable).with_name("plies"))]
     gateway, served = start(
         [
-            plies,
+            *command,
             "gateway",
             "--sampler",
             where["url"],
@@ -159,6 +169,7 @@ def main() -> None:
             "bench",
         ]
     )
+    total = 0
     try:
         print(
             f"L = {args.latency * 1000:.0f} ms, {args.turns} turns a session, "
@@ -171,10 +182,36 @@ def main() -> None:
                 )
             )
             print(json.dumps(row), flush=True)
+            total += row["turns_in_all"]
     finally:
         for proc in (gateway, engine):
             proc.terminate()
             proc.wait(timeout=30)
+    if args.profile:
+        print_profile(profile, total)
+
+
+PROFILED = {
+    "render the new messages (chat template)": "_template.py:134(text_of)",
+    "render a turn in all": "_renderer.py:369(arender)",
+    "sample through the client": "_http.py:207(sample)",
+    "append the completion": "_renderer.py:391(add_completion)",
+    "parse the completion": "_parser.py:157(parse)",
+    "translate the request": "_chat.py:91(translate)",
+}
+"""What `--profile` reports, per chat turn: the gateway's steps by the function that does them."""
+
+
+def print_profile(path: Path, turns: int) -> None:
+    """Each step's cumulative CPU time per chat turn in the gateway (cProfile), over `turns`,
+    every turn the agents took while it ran."""
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    found = {f"{Path(k[0]).name}:{k[1]}({k[2]})": v for k, v in stats.items()}
+    for what, key in PROFILED.items():
+        cumulative = found[key][3] if key in found else 0.0
+        print(f"{what}: {cumulative / max(turns, 1) * 1e6:.0f} µs a turn")
 
 
 if __name__ == "__main__":
