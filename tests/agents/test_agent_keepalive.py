@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -23,9 +23,8 @@ from agent_kit import SCRIPTS, TASK, agent_gateway, require_agent
 from plies import Status
 from plies.environments import LocalProcessBackend
 from plies.harness import AgentHarness, WorkspaceEnv
-from plies.policy import Completion, SamplingParams
+from plies.policy import Completion
 from plies.testing import ScriptedPolicy
-from plies.trajectory import PolicyRef
 
 pytestmark = [
     pytest.mark.anyio,
@@ -42,17 +41,10 @@ DELAY_S = 370.0
 class SlowFirstAnswer(ScriptedPolicy):
     """The scripted policy, silent for `DELAY_S` before its first answer."""
 
-    async def sample(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        policy: PolicyRef | str | None = None,
-        session: str | None = None,
-    ) -> Completion:
+    async def sample(self, *args: Any, **kwargs: Any) -> Completion:
         if not self.prompts:
             await anyio.sleep(DELAY_S)
-        return await super().sample(prompt_ids, params, policy=policy, session=session)
+        return await super().sample(*args, **kwargs)
 
 
 @pytest.mark.timeout(DELAY_S + 300)
