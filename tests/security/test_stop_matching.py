@@ -57,3 +57,11 @@ def test_the_gateways_cut_finds_stops_of_multi_id_characters(qwen3_tokenizer, to
         assert matcher is not None, s  # matched on the ids, not a one-id stop for the engine
         found = matcher.first_match(tokens)
         assert found == (first_stop(qwen3_tokenizer, tokens, [s]), s), s
+
+
+def test_the_servers_cut_counts_a_stop_that_ends_where_a_character_begins(qwen3_tokenizer, tokens):
+    """`"司 "` ends in the token that also begins `🍣`'s bytes: the prefix's own decoding holds
+    the stop at that token, so the cut is there, not where the character completes."""
+    for s in ("司 ", ". 𓀀", "ꙮ!"):
+        got = ServerStops((s,)).cut(qwen3_tokenizer, tokens)
+        assert got == first_stop(qwen3_tokenizer, tokens, [s]), s

@@ -334,6 +334,11 @@ class Samplers:
             raise TinkerRequestError(str(exc)) from None
 
 
+_HELD_TOKENS = 8
+"""Held-back tokens decoded again while a character is incomplete: one character is at most
+four byte-level tokens; a longer run of bytes that never form one is not text to match."""
+
+
 @dataclass(frozen=True)
 class StopStrings:
     """Where a completion ends at its first stop string.
@@ -362,10 +367,18 @@ class StopStrings:
         stream = DecodeStream(skip_special_tokens=False)
         keep = max(len(s) for s in self.strings) - 1
         tail = ""
+        held: list[int] = []  # tokens the stream holds back: they end inside a character
         for n, token in enumerate(tokens, 1):
             piece = stream.step(backend, token)
             if not piece:
-                continue  # an incomplete character: its bytes come with a later token
+                # The stream waits for the character's last bytes, but the characters this
+                # token completed before them count now, as in the prefix's own decoding.
+                held.append(token)
+                partial = backend.decode(held[-_HELD_TOKENS:], skip_special_tokens=False)
+                if self._pattern.search(tail + partial.rstrip("\ufffd")):
+                    return n
+                continue
+            held.clear()
             text = tail + piece
             if self._pattern.search(text):
                 return n
