@@ -16,6 +16,7 @@ would use outside, and nothing more.
 import asyncio
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 
 _CHUNK = 1 << 16
 
@@ -34,7 +35,9 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-def _handler(path: str):
+def _handler(path: str) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """Accepted connections piped to fresh connections on the Unix socket `path`."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(path)

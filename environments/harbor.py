@@ -241,7 +241,6 @@ class HarborEnv(Env):
         self.command_timeout_s = command_timeout_s
         self.system_prompt = system_prompt
         self.sandbox: BubblewrapSandbox | E2BSandbox | None = None
-        self._paths: _BubblewrapPaths | _E2BPaths | None = None
         self._agent_deadline: float | None = None
 
     def remote_refs(self) -> list[RemoteRef]:
@@ -257,10 +256,6 @@ class HarborEnv(Env):
             )
         assert isinstance(sandbox, BubblewrapSandbox | E2BSandbox)
         self.sandbox = sandbox
-        if isinstance(sandbox, BubblewrapSandbox):
-            self._paths = _BubblewrapPaths(sandbox)
-        else:
-            self._paths = _E2BPaths(sandbox)
         await self._build(sandbox)
         if self.task.agent_timeout_s is not None:
             self._agent_deadline = time.monotonic() + self.task.agent_timeout_s
@@ -349,9 +344,11 @@ class HarborEnv(Env):
         return self._agent_deadline - time.monotonic()
 
     def _place(self) -> _BubblewrapPaths | _E2BPaths:
-        if self._paths is None:
-            raise EnvError(f"the sandbox of task {self.task.name} is gone")
-        return self._paths
+        """The task's absolute paths in this episode's sandbox, by its kind."""
+        sandbox = self._sandbox()
+        if isinstance(sandbox, BubblewrapSandbox):
+            return _BubblewrapPaths(sandbox)
+        return _E2BPaths(sandbox)
 
     def _sandbox(self) -> BubblewrapSandbox | E2BSandbox:
         if self.sandbox is None:
@@ -401,11 +398,9 @@ class HarborEnv(Env):
                 f"the tests of {self.task.name} did not finish in "
                 f"{self.task.verifier_timeout_s:g}s: the reward is unknown"
             ) from err
-        rewards = _rewards(
-            await place.read(f"{_VERIFIER}/reward.txt"),
-            await place.read(f"{_VERIFIER}/reward.json"),
-            self.task.name,
-        )
+        text = await place.read(f"{_VERIFIER}/reward.txt")
+        json_text = None if text is not None else await place.read(f"{_VERIFIER}/reward.json")
+        rewards = _rewards(text, json_text, self.task.name)
         reward = float(rewards.get("reward", next(iter(rewards.values()))))
         info = {"rewards": rewards, "test_exit_code": result.exit_code}
         if agent_timeout:
@@ -431,7 +426,7 @@ def _rewards(text: bytes | None, json_text: bytes | None, name: str) -> dict[str
         ):
             raise EnvError(f"the tests of {name} wrote rewards that are not finite numbers")
         return {k: float(v) for k, v in values.items()}
-    except (UnicodeDecodeError, ValueError) as err:
+    except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise EnvError(f"the tests of {name} wrote an unreadable reward: {err}") from err
 
 

@@ -36,6 +36,7 @@ server's handlers given to its constructor), the helpers at the top of this modu
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -86,10 +87,12 @@ MARK_VAR = "PLIES_MCP_SESSION"
 SUBMIT_TOOL = "submit"
 
 _REQUEST_TIMEOUT = 408
+"""The code the SDK's session gives a request that got no answer in time (HTTP's 408)."""
 
 
+@functools.cache
 def _sdk_major() -> int:
-    """The installed `mcp` SDK's major version (1 or 2)."""
+    """The installed `mcp` SDK's major version (1 or 2); read once, not per tool call."""
     return int(version("mcp").split(".", 1)[0])
 
 
@@ -111,8 +114,6 @@ def _sdk_error() -> type[Exception]:
     found: type[Exception] = getattr(mcp, "MCPError", None) or mcp.McpError
     return found
 
-
-"""The code the SDK's session gives a request that got no answer in time (HTTP's 408)."""
 
 Score = Callable[["McpEnv", str], Awaitable[float]]
 """`score(env, answer) -> reward`: may call the env's session (`env.session.client`) to check
