@@ -40,6 +40,7 @@ from ._chat import Dialect, text_pieces
 from ._errors import classify, validation_error
 from ._schemas import ChatCompletionRequest, FunctionSpec, RequestMessage, ToolSpec
 from ._session import MAX_HANDLE_CHARS, PreparedTurn, Session
+from ._stream import TextKind
 
 __all__ = ["BILLING_HEADER_PREFIX", "AnthropicDialect"]
 
@@ -248,6 +249,7 @@ class AnthropicDialect(Dialect):
         self.auxiliary = request.output_config is not None and "format" in request.output_config
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.session = session
+        self._index = 0
         try:
             return ChatCompletionRequest(
                 model=request.model,
@@ -273,7 +275,7 @@ class AnthropicDialect(Dialect):
                 {
                     "type": "thinking",
                     "thinking": reply["reasoning_content"],
-                    "signature": self.gateway.mint_handle(self.session, prepared),
+                    "signature": self.handle(prepared),
                 }
             )
         if reply.get("content"):
@@ -340,33 +342,48 @@ class AnthropicDialect(Dialect):
     def keepalive(self) -> bytes:
         return _event({"type": "ping"})
 
+    def _block_event(self, type_: str, **fields: Any) -> bytes:
+        return _event({"type": type_, "index": self._index, **fields})
+
+    def _start_text(self, kind: TextKind) -> list[bytes]:
+        if kind == "reasoning":
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+        else:
+            block = {"type": "text", "text": ""}
+        return [self._block_event("content_block_start", content_block=block)]
+
+    def _text_delta(self, kind: TextKind, text: str) -> list[bytes]:
+        if kind == "reasoning":
+            delta = {"type": "thinking_delta", "thinking": text}
+        else:
+            delta = {"type": "text_delta", "text": text}
+        return [self._block_event("content_block_delta", delta=delta)]
+
+    def _end_text(self, kind: TextKind) -> list[bytes]:
+        out = []
+        if kind == "reasoning":
+            delta = {"type": "signature_delta", "signature": self.handle()}
+            out.append(self._block_event("content_block_delta", delta=delta))
+        out.append(self._block_event("content_block_stop"))
+        self._index += 1
+        return out
+
     def records(self, prepared: PreparedTurn) -> list[bytes]:
-        out: list[bytes] = []
-        for index, block in enumerate(self._blocks(prepared)):
-            kind = block["type"]
-            if kind == "thinking":
-                start = {"type": "thinking", "thinking": "", "signature": ""}
-                deltas = [
-                    {"type": "thinking_delta", "thinking": p}
-                    for p in text_pieces(block["thinking"])
-                ]
-                deltas.append({"type": "signature_delta", "signature": block["signature"]})
-            elif kind == "text":
-                start = {"type": "text", "text": ""}
-                deltas = [{"type": "text_delta", "text": p} for p in text_pieces(block["text"])]
-            else:
-                start = {**block, "input": {}}
-                arguments = json.dumps(block["input"], ensure_ascii=False)
-                deltas = [
-                    {"type": "input_json_delta", "partial_json": p} for p in text_pieces(arguments)
-                ]
-            out.append(
-                _event({"type": "content_block_start", "index": index, "content_block": start})
-            )
+        out = self._rest_of_text(prepared)
+        for block in self._blocks(prepared):
+            if block["type"] != "tool_use":
+                continue
+            start = {**block, "input": {}}
+            arguments = json.dumps(block["input"], ensure_ascii=False)
+            out.append(self._block_event("content_block_start", content_block=start))
             out += [
-                _event({"type": "content_block_delta", "index": index, "delta": d}) for d in deltas
+                self._block_event(
+                    "content_block_delta", delta={"type": "input_json_delta", "partial_json": p}
+                )
+                for p in text_pieces(arguments)
             ]
-            out.append(_event({"type": "content_block_stop", "index": index}))
+            out.append(self._block_event("content_block_stop"))
+            self._index += 1
         delta = {
             "stop_reason": self._stop_reason(prepared),
             "stop_sequence": prepared.stop_sequence,

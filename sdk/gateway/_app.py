@@ -35,6 +35,7 @@ from ._gateway import Gateway
 from ._responses import ResponsesDialect
 from ._schemas import ChatCompletionRequest
 from ._session import PreparedTurn, Session
+from ._stream import ReplyStream, TextKind
 
 __all__ = ["DEFAULT_KEEPALIVE_S", "MAX_BODY_BYTES", "create_app"]
 
@@ -190,10 +191,12 @@ class _Finish(BaseModel):
 class _TurnResponse(Response):
     """Holds the session, samples, sends the reply, and only then records the turn.
 
-    A streamed reply opens (status, headers and the dialect's opening events) once sampling
-    has taken `keepalive_s`, and then sends the dialect's keepalive every `keepalive_s`, so
-    no agent's stream idle timer fires while a slow engine samples; a quick completion is
-    sent whole, and a failure before the stream opened still gets its HTTP status.
+    A streamed reply opens (status, headers and the dialect's opening events) with the first
+    text the sampler streams (`ReplyStream`), or once sampling has taken `keepalive_s`, and
+    sends the dialect's keepalive every `keepalive_s` from then on, so no agent's stream
+    idle timer fires while a slow engine samples (or thinks, which streams nothing until its
+    reasoning closes). A quick completion is sent whole, and a failure before the stream
+    opened still gets its HTTP status.
     """
 
     def __init__(
@@ -256,20 +259,30 @@ class _TurnResponse(Response):
             prompt = (n_prompt, cached)
             rendered.set()
 
-        async def keep_alive() -> None:
+        async def open_stream() -> None:  # under `sending`
             nonlocal opened
+            if not opened:
+                await send(_start(200, b"text/event-stream", None))
+                opened = True
+                for record in self.dialect.opening(*prompt):
+                    await send(_body(record))
+
+        async def keep_alive() -> None:
             with keeper:
                 await anyio.sleep(self.keepalive_s)
                 await rendered.wait()
                 async with sending:
-                    await send(_start(200, b"text/event-stream", None))
-                    opened = True
-                    for record in self.dialect.opening(*prompt):
-                        await send(_body(record))
+                    await open_stream()
                 while True:
                     await anyio.sleep(self.keepalive_s)
                     async with sending:
                         await send(_body(self.dialect.keepalive()))
+
+        async def emit(kind: TextKind, text: str) -> None:
+            async with sending:
+                await open_stream()
+                for record in self.dialect.text_records(kind, text):
+                    await send(_body(record))
 
         async with anyio.create_task_group() as tg:
             work = anyio.CancelScope()
@@ -292,6 +305,7 @@ class _TurnResponse(Response):
                         on_prompt=on_prompt,
                         branch_name=self.branch,
                         auxiliary=self.dialect.auxiliary,
+                        stream=ReplyStream(emit) if self.dialect.stream else None,
                     )
                     keeper.cancel()
                     async with sending:

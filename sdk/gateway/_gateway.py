@@ -21,12 +21,13 @@ import anyio
 
 from .._exceptions import GatewayRequestError, GatewaySessionError
 from .._lifecycle import AsyncLifecycle
-from ..policy import SamplingParams
+from ..policy import SamplingParams, StreamingPolicyClient
 from ..trajectory import Status, Trajectory, Turn
 from ._canonical import CanonicalMessage, canonicalise, template_messages
 from ._schemas import ChatCompletionRequest, RequestMessage
 from ._session import Branch, GatewayFallback, PreparedTurn, Session, SessionState
 from ._stops import StopStrings, check_stops
+from ._stream import ReplyStream, marker_pattern
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SETTLE_TIMEOUT", "Gateway"]
 
@@ -37,7 +38,6 @@ DEFAULT_MAX_TOKENS = 1024
 DEFAULT_SETTLE_TIMEOUT = 30.0
 """Seconds `finish_session` / `drop_session` wait for a turn in flight before cutting it off."""
 KEY_PREFIX = "plies-sk-"
-HANDLE_PREFIX = "plies-turn-"
 REASONING_CLOSE = "</think>"
 """The token that closes a reasoning block, for `reasoning_tokens` in usage (Qwen3, DeepSeek)."""
 _UNKNOWN_KEY = "session key not recognised: it is unknown, or its session was finished or dropped"
@@ -101,6 +101,7 @@ class Gateway(AsyncLifecycle):
         self.auxiliary_models = frozenset(auxiliary_models)
         self.train_auxiliary = train_auxiliary
         self._sessions: dict[str, Session] = {}
+        self._markers = marker_pattern(renderer.tokenizer)
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -220,16 +221,6 @@ class Gateway(AsyncLifecycle):
     def open_sessions(self) -> int:
         return len(self._sessions)
 
-    def mint_handle(self, session: Session, prepared: PreparedTurn) -> str:
-        """The opaque handle of a sampled turn, minted once: a thinking block's `signature`
-        or a reasoning item's `encrypted_content`. It names the turn's stored ids in this
-        session (`Session.handles`, from commit on) and means nothing anywhere else: a
-        request replaying it is served from those ids (`prepare`), and a handle the session
-        does not hold is never trusted."""
-        if prepared.handle is None:
-            prepared.handle = HANDLE_PREFIX + secrets.token_urlsafe(18)
-        return prepared.handle
-
     # -- turns ---------------------------------------------------------------------------
 
     @asynccontextmanager
@@ -265,6 +256,7 @@ class Gateway(AsyncLifecycle):
         on_prompt: Callable[[int, int], None] | None = None,
         branch_name: str | None = None,
         auxiliary: bool = False,
+        stream: ReplyStream | None = None,
     ) -> PreparedTurn:
         """Build the prompt, sample and parse one turn; nothing is recorded yet.
 
@@ -285,6 +277,9 @@ class Gateway(AsyncLifecycle):
                 the turn; by default the branch it extends, or a new name.
             auxiliary: the caller knows the request is an auxiliary call (a title or a
                 structured summary); requests to `auxiliary_models` are too.
+            stream: told the turn's ids as they are sampled, where the sampler streams
+                (`StreamingPolicyClient`) and the request allows tool calls; the reply then
+                begins with what it sent.
 
         Raises:
             GatewayRequestError: the request asks for something the gateway cannot do.
@@ -318,9 +313,18 @@ class Gateway(AsyncLifecycle):
                 on_prompt(n_prompt, cached)
 
             started = time.time()
-            completion = await self.sampler.sample(
-                prompt_ids, params, policy=self.policy, session=session.key
-            )
+            streaming = isinstance(self.sampler, StreamingPolicyClient)
+            if stream is not None and streaming and request.tool_choice != "none":
+                stream.begin(
+                    lambda ids: conversation.parse(ids, prefix=True), self._markers, stops.matched
+                )
+                completion = await self.sampler.sample_streaming(
+                    prompt_ids, params, stream.feed, policy=self.policy, session=session.key
+                )
+            else:
+                completion = await self.sampler.sample(
+                    prompt_ids, params, policy=self.policy, session=session.key
+                )
             latency = time.time() - started
             completion, stop_sequence = await self._cut_at_stop(completion, stops)
             parsed = conversation.add_completion(completion.ids, completion.finish_reason)
@@ -329,6 +333,8 @@ class Gateway(AsyncLifecycle):
                 auxiliary, name = False, "auxiliary"
 
             reply = self._reply(parsed, completion.ids, request, stop_sequence)
+            if stream is not None:
+                reply = stream.reconcile(reply)
             turn = Turn.from_completion(
                 delta,
                 completion,

@@ -45,6 +45,7 @@ from ._chat import Dialect, text_pieces
 from ._errors import classify, validation_error
 from ._schemas import ChatCompletionRequest, FunctionSpec, RequestMessage, ToolSpec
 from ._session import MAX_HANDLE_CHARS, PreparedTurn, Session
+from ._stream import TextKind
 
 __all__ = ["MAX_STORED_RESPONSES", "ResponsesDialect"]
 
@@ -281,6 +282,8 @@ class ResponsesDialect(Dialect):
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.sequence = 0
+        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self._index = 0
         tools, self.namespaced = _tools(request.tools, self.dropped_tools)
         try:
             return ChatCompletionRequest(
@@ -306,7 +309,7 @@ class ResponsesDialect(Dialect):
         reply = prepared.reply
         items: list[dict[str, Any]] = []
         if reply.get("reasoning_content"):
-            handle = self.gateway.mint_handle(self.session, prepared)
+            handle = self.handle(prepared)
             items.append(
                 {
                     "type": "reasoning",
@@ -320,7 +323,7 @@ class ResponsesDialect(Dialect):
             items.append(
                 {
                     "type": "message",
-                    "id": f"msg_{uuid.uuid4().hex}",
+                    "id": self.message_id,
                     "status": "completed",
                     "role": "assistant",
                     "content": [part],
@@ -403,72 +406,104 @@ class ResponsesDialect(Dialect):
     def keepalive(self) -> bytes:
         return self._event("response.in_progress", response=self._response("in_progress", []))
 
+    def _text_item(self, kind: TextKind) -> dict[str, Any]:
+        """The reasoning or message item holding the text streamed so far."""
+        text = self.streamed[kind]
+        if kind == "reasoning":
+            handle = self.handle()
+            return {
+                "type": "reasoning",
+                "id": REASONING_ID_PREFIX + handle,
+                "summary": [{"type": "summary_text", "text": text}],
+                "encrypted_content": handle,
+            }
+        part = {"type": "output_text", "text": text, "annotations": []}
+        return {
+            "type": "message",
+            "id": self.message_id,
+            "status": "completed",
+            "role": "assistant",
+            "content": [part],
+        }
+
+    def _at(self, kind: TextKind) -> dict[str, Any]:
+        item_id = self._text_item(kind)["id"]
+        index = "summary_index" if kind == "reasoning" else "content_index"
+        return {"output_index": self._index, "item_id": item_id, index: 0}
+
+    def _start_text(self, kind: TextKind) -> list[bytes]:
+        ev, item = self._event, self._text_item(kind)
+        if kind == "reasoning":
+            added = {**item, "summary": []}
+            part = {"type": "summary_text", "text": ""}
+            opened = "response.reasoning_summary_part.added"
+        else:
+            added = {**item, "status": "in_progress", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": []}
+            opened = "response.content_part.added"
+        return [
+            ev("response.output_item.added", output_index=self._index, item=added),
+            ev(opened, **self._at(kind), part=part),
+        ]
+
+    def _text_delta(self, kind: TextKind, text: str) -> list[bytes]:
+        if kind == "reasoning":
+            return [
+                self._event("response.reasoning_summary_text.delta", **self._at(kind), delta=text)
+            ]
+        return [
+            self._event("response.output_text.delta", **self._at(kind), delta=text, logprobs=[])
+        ]
+
+    def _end_text(self, kind: TextKind) -> list[bytes]:
+        ev, at, item = self._event, self._at(kind), self._text_item(kind)
+        text = self.streamed[kind]
+        if kind == "reasoning":
+            part = item["summary"][0]
+            out = [
+                ev("response.reasoning_summary_text.done", **at, text=text),
+                ev("response.reasoning_summary_part.done", **at, part=part),
+            ]
+        else:
+            part = item["content"][0]
+            out = [
+                ev("response.output_text.done", **at, text=text, logprobs=[]),
+                ev("response.content_part.done", **at, part=part),
+            ]
+        out.append(ev("response.output_item.done", output_index=self._index, item=item))
+        self._index += 1
+        return out
+
     def records(self, prepared: PreparedTurn) -> list[bytes]:
-        out: list[bytes] = []
+        out = self._rest_of_text(prepared)
         items = self._output(prepared)
-        for index, item in enumerate(items):
-            out += self._item_events(index, item)
+        for item in items:
+            if item["type"] == "function_call":
+                out += self._call_events(item)
         status = self._status(prepared)
         response = self._response(status, items, self._usage(prepared))
         out.append(self._event(f"response.{status}", response=response))
         return out
 
-    def _item_events(self, index: int, item: dict[str, Any]) -> list[bytes]:
-        ev = self._event
+    def _call_events(self, item: dict[str, Any]) -> list[bytes]:
+        ev, index = self._event, self._index
         at = {"output_index": index, "item_id": item["id"]}
-        kind = item["type"]
-        if kind == "reasoning":
-            text = item["summary"][0]["text"]
-            part = {"type": "summary_text", "text": ""}
-            out = [
-                ev("response.output_item.added", output_index=index, item={**item, "summary": []}),
-                ev("response.reasoning_summary_part.added", **at, summary_index=0, part=part),
-            ]
-            out += [
-                ev("response.reasoning_summary_text.delta", **at, summary_index=0, delta=p)
-                for p in text_pieces(text)
-            ]
-            out += [
-                ev("response.reasoning_summary_text.done", **at, summary_index=0, text=text),
-                ev(
-                    "response.reasoning_summary_part.done",
-                    **at,
-                    summary_index=0,
-                    part={**part, "text": text},
-                ),
-            ]
-        elif kind == "message":
-            text = item["content"][0]["text"]
-            part = {"type": "output_text", "text": "", "annotations": []}
-            added = {**item, "status": "in_progress", "content": []}
-            out = [
-                ev("response.output_item.added", output_index=index, item=added),
-                ev("response.content_part.added", **at, content_index=0, part=part),
-            ]
-            out += [
-                ev("response.output_text.delta", **at, content_index=0, delta=p, logprobs=[])
-                for p in text_pieces(text)
-            ]
-            out += [
-                ev("response.output_text.done", **at, content_index=0, text=text, logprobs=[]),
-                ev("response.content_part.done", **at, content_index=0, part=item["content"][0]),
-            ]
-        else:
-            added = {**item, "status": "in_progress", "arguments": ""}
-            out = [ev("response.output_item.added", output_index=index, item=added)]
-            out += [
-                ev("response.function_call_arguments.delta", **at, delta=p)
-                for p in text_pieces(item["arguments"])
-            ]
-            out.append(
-                ev(
-                    "response.function_call_arguments.done",
-                    **at,
-                    name=item["name"],
-                    arguments=item["arguments"],
-                )
-            )
-        out.append(ev("response.output_item.done", output_index=index, item=item))
+        added = {**item, "status": "in_progress", "arguments": ""}
+        out = [ev("response.output_item.added", output_index=index, item=added)]
+        out += [
+            ev("response.function_call_arguments.delta", **at, delta=p)
+            for p in text_pieces(item["arguments"])
+        ]
+        out += [
+            ev(
+                "response.function_call_arguments.done",
+                **at,
+                name=item["name"],
+                arguments=item["arguments"],
+            ),
+            ev("response.output_item.done", output_index=index, item=item),
+        ]
+        self._index += 1
         return out
 
     def error_record(self, exc: Exception) -> bytes:

@@ -1,6 +1,8 @@
 """Policy clients: token ids in, sampled ids, logprobs and the producing policy out.
 
-- `SamplingParams`, `Completion`, and the `PolicyClient` protocol (`sample`).
+- `SamplingParams`, `Completion`, and the `PolicyClient` protocol (`sample`);
+  `StreamingPolicyClient` (`sample_streaming`, telling a `TokenSink` the ids as they come),
+  which `VLLMClient` is, for vLLM and `plies serve`.
 - `VLLMClient`: vLLM's `/v1/completions`; also the client of the plies reference server.
 - `SGLangClient`: SGLang's native `/generate`.
 - `TinkerPolicyClient`: any Tinker-API service, through the `tinker` SDK (`plies[tinker]`);
@@ -20,6 +22,8 @@ Logprob convention: each sampled token's logprob under the distribution it was d
 (logits / temperature, then top-k, then top-p), vLLM's `processed_logprobs`.
 """
 
+from types import FunctionType
+
 from ._config import DEFAULT_RETRY as DEFAULT_RETRY
 from ._config import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from ._config import RetryPolicy as RetryPolicy
@@ -37,6 +41,8 @@ from ._types import Completion as Completion
 from ._types import PolicyClient as PolicyClient
 from ._types import PolicyLoader as PolicyLoader
 from ._types import SamplingParams as SamplingParams
+from ._types import StreamingPolicyClient as StreamingPolicyClient
+from ._types import TokenSink as TokenSink
 from ._vllm import VLLMClient as VLLMClient
 from ._vllm import load_lora_adapter as load_lora_adapter
 from ._vllm import unload_lora_adapter as unload_lora_adapter
@@ -53,8 +59,10 @@ __all__ = [
     "SGLangClient",
     "SamplingParams",
     "SeededPolicy",
+    "StreamingPolicyClient",
     "Timeout",
     "TinkerPolicyClient",
+    "TokenSink",
     "VLLMClient",
     "load_lora_adapter",
     "policy_path",
@@ -66,6 +74,6 @@ __all__ = [
 
 for _name in __all__:
     _obj = globals()[_name]
-    if callable(_obj):  # classes and functions; constants and default instances have none
+    if isinstance(_obj, type | FunctionType):  # not constants, instances or type aliases
         _obj.__module__ = __name__
-del _name, _obj
+del _name, _obj, FunctionType

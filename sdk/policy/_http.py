@@ -28,8 +28,10 @@ whether the request provably never reached the engine:
 from __future__ import annotations
 
 import hashlib
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Self
 from urllib.parse import urlencode
 
@@ -54,6 +56,7 @@ from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 from ._transport import (
     DEFAULT_TRANSPORT,
     Reply,
+    StreamReply,
     Transport,
     TransportFailure,
     TransportName,
@@ -86,6 +89,51 @@ def _normalise(base_urls: str | Sequence[str]) -> list[str]:
     if len(set(out)) != len(out):
         raise ConfigError(f"duplicate base URLs in {urls}")
     return out
+
+
+def _check_status(url: str, path: str, resp: Reply) -> None:
+    """An error answer as the plies error its status means; a 2xx/3xx passes."""
+    status = resp.status
+    if status == 503:
+        raise PolicyUnavailable(f"{url} is overloaded (503): {_error_message(resp)}", url=url)
+    if status in (502, 504):
+        raise PolicyOutcomeUnknown(
+            f"{url}{path} answered {status}; the request may have run: {_error_message(resp)}",
+            url=url,
+        )
+    if status >= 400:
+        raise PolicyResponseError(
+            f"{url}{path} answered {status}: {_error_message(resp)}", url=url, status=status
+        )
+
+
+async def _events(
+    reply: StreamReply,
+    url: str,
+    path: str,
+    failure: Any,
+) -> AsyncIterator[Any]:
+    """The `data:` records of a server-sent event stream, decoded, up to `[DONE]`.
+
+    A stream that ends without `[DONE]`, or a record that is not JSON, is an answer that
+    stopped midway: the request ran, its outcome is unknown.
+    """
+    try:
+        async for line in reply.lines():
+            if not line.startswith(b"data:"):
+                continue  # event names, comments (keepalives), blank separators
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return
+            try:
+                yield json.loads(data)
+            except ValueError as e:
+                raise PolicyOutcomeUnknown(
+                    f"{url}{path} streamed a record that is not JSON: {data[:200]!r}", url=url
+                ) from e
+    except TransportFailure as e:
+        raise failure(url, path, e) from e.__cause__
+    raise PolicyOutcomeUnknown(f"{url}{path} ended its stream before [DONE]", url=url)
 
 
 def _error_message(resp: Reply) -> str:
@@ -217,13 +265,17 @@ class HTTPPolicyClient(AsyncLifecycle):
         Raises:
             ConfigError: `session` is not visible ASCII (it must travel as a header value).
         """
+        self._check_session(session)
+        return await self._sample(list(prompt_ids), params, policy, session)
+
+    def _check_session(self, session: str | None) -> None:
+        """Refuse a closed client, and a session key that cannot travel as a header."""
         self._check_open("sample")
         if session is not None and not (session and _HEADER_CHARS.issuperset(session)):
             raise ConfigError(
                 f"session key {session!r:.80} must be non-empty visible ASCII: it is sent as "
                 f"the {self.session_header or SESSION_HEADER} header"
             )
-        return await self._sample(list(prompt_ids), params, policy, session)
 
     async def _sample(
         self, prompt: list[int], params: SamplingParams, policy: PolicyChoice, session: str | None
@@ -244,7 +296,17 @@ class HTTPPolicyClient(AsyncLifecycle):
             return await self._send(await self._choose(session), path, payload, session=session)
         except PolicyUnavailable as e:
             first: PolicyUnavailable | None = e
-        retrying = AsyncRetrying(
+        async for attempt in self._retrying():
+            with attempt:
+                if first is not None:
+                    failure, first = first, None
+                    raise failure
+                url = await self._choose(session)
+                return await self._send(url, path, payload, session=session)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    def _retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(
             stop=stop_after_attempt(self.retry.attempts),
             wait=wait_random_exponential(
                 multiplier=self.retry.initial_wait, max=self.retry.max_wait
@@ -253,14 +315,49 @@ class HTTPPolicyClient(AsyncLifecycle):
             sleep=anyio.sleep,
             reraise=True,
         )
-        async for attempt in retrying:
-            with attempt:
-                if first is not None:
-                    failure, first = first, None
-                    raise failure
-                url = await self._choose(session)
-                return await self._send(url, path, payload, session=session)
-        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    @asynccontextmanager
+    async def _post_streaming(
+        self, path: str, payload: dict[str, Any], session: str | None
+    ) -> AsyncIterator[AsyncIterator[Any]]:
+        """POST `payload` for a server-sent event stream; yields its `data` records, decoded.
+
+        Until the answer begins, failures are retried as `_post` retries them; once it has
+        begun, a failure is `PolicyOutcomeUnknown` (the request ran), and an error answer is
+        translated as `_send` translates it.
+        """
+        async with AsyncExitStack() as stack:
+            async for attempt in self._retrying():
+                with attempt:
+                    url = await self._choose(session)
+                    opened = self._open_stream(url, path, payload, session)
+                    reply = await stack.enter_async_context(opened)
+            yield _events(reply, url, path, self._failure)
+
+    @asynccontextmanager
+    async def _open_stream(
+        self, url: str, path: str, payload: dict[str, Any], session: str | None
+    ) -> AsyncIterator[StreamReply]:
+        self._check_open("send a request")
+        headers = None
+        if session is not None and self.session_header is not None:
+            headers = {self.session_header: session}
+        self._in_flight[url] += 1
+        try:
+            async with self._transport.stream(
+                "POST", url + path, encode_json(payload), headers
+            ) as reply:
+                if reply.status >= 400:
+                    try:
+                        whole = await reply.reply()
+                    except TransportFailure as e:
+                        raise self._failure(url, path, e) from e.__cause__
+                    _check_status(url, path, whole)
+                yield reply
+        except TransportFailure as e:
+            raise self._failure(url, path, e) from e.__cause__
+        finally:
+            self._in_flight[url] -= 1
 
     async def _send(
         self,
@@ -287,18 +384,7 @@ class HTTPPolicyClient(AsyncLifecycle):
             raise self._failure(url, path, e) from e.__cause__
         finally:
             self._in_flight[url] -= 1
-        status = resp.status
-        if status == 503:
-            raise PolicyUnavailable(f"{url} is overloaded (503): {_error_message(resp)}", url=url)
-        if status in (502, 504):
-            raise PolicyOutcomeUnknown(
-                f"{url}{path} answered {status}; the request may have run: {_error_message(resp)}",
-                url=url,
-            )
-        if status >= 400:
-            raise PolicyResponseError(
-                f"{url}{path} answered {status}: {_error_message(resp)}", url=url, status=status
-            )
+        _check_status(url, path, resp)
         if not want_json:
             return resp.text
         try:

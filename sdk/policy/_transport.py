@@ -28,7 +28,8 @@ import importlib
 import json
 import ssl
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -44,6 +45,7 @@ __all__ = [
     "LANE_REQUESTS",
     "FailureKind",
     "Reply",
+    "StreamReply",
     "Transport",
     "TransportFailure",
     "TransportName",
@@ -94,6 +96,27 @@ class Reply:
         return json.loads(self.body)
 
 
+class StreamReply:
+    """An engine's answer arriving in pieces: its status at once, then its body's lines.
+
+    A failure while reading raises `TransportFailure` ("timeout" or "dropped": the request
+    was sent, so it may have run).
+    """
+
+    def __init__(self, status: int, lines: AsyncIterator[bytes], read: Callable[[], Any]):
+        self.status = status
+        self._lines = lines
+        self._read = read
+
+    def lines(self) -> AsyncIterator[bytes]:
+        """The body's lines, line ends stripped, as they arrive."""
+        return self._lines
+
+    async def reply(self) -> Reply:
+        """The rest of the body at once (an error answer), as a `Reply`."""
+        return Reply(self.status, await self._read())
+
+
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -121,6 +144,21 @@ class Transport(ABC):
 
         Raises:
             TransportFailure: no answer; its `kind` says whether the request may have run.
+        """
+
+    @abstractmethod
+    def stream(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+    ) -> AbstractAsyncContextManager[StreamReply]:
+        """Send one request and hold its answer open to be read as it arrives.
+
+        Raises:
+            TransportFailure: no answer began; its `kind` says whether the request may have
+                run.
         """
 
     @abstractmethod
@@ -173,14 +211,10 @@ class AiohttpTransport(Transport):
         )
         return self._session
 
-    async def request(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        headers: Mapping[str, str] | None,
-    ) -> Reply:
-        aiohttp = self._aiohttp
+    def _call(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None
+    ) -> Any:
+        """The session's request context for one request, headers and bounds set."""
         session = self._session or self._open()
         options: dict[str, Any] = {}
         if body is not None:
@@ -192,17 +226,55 @@ class AiohttpTransport(Transport):
             target = self._yarl.URL(url)
             if len(self._urls) < _URLS_KEPT:
                 self._urls[url] = target
+        return session.request(method, target, data=body, headers=headers, **options)
+
+    def _failure(self, error: Exception, began: bool) -> TransportFailure:
+        """The kind of a `TimeoutError` or `aiohttp.ClientError`; `began`: an answer began."""
+        aiohttp = self._aiohttp
+        refused = (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError)
+        if isinstance(error, refused) and not began:
+            return TransportFailure("refused", error)
+        if isinstance(error, TimeoutError):  # sock_read, or the whole request's bound
+            return TransportFailure("timeout", error)
+        return TransportFailure("dropped", error)
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+    ) -> Reply:
         try:
-            async with session.request(
-                method, target, data=body, headers=headers, **options
-            ) as resp:
+            async with self._call(method, url, body, headers) as resp:
                 return Reply(resp.status, await resp.read())
-        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as e:
-            raise TransportFailure("refused", e) from e
-        except TimeoutError as e:  # sock_read, or the whole request's bound
-            raise TransportFailure("timeout", e) from e
-        except aiohttp.ClientError as e:
-            raise TransportFailure("dropped", e) from e
+        except (TimeoutError, self._aiohttp.ClientError) as e:
+            raise self._failure(e, began=False) from e
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+    ) -> AsyncIterator[StreamReply]:
+        errors = (TimeoutError, self._aiohttp.ClientError)
+        began = False
+
+        async def lines() -> AsyncIterator[bytes]:
+            try:
+                async for line in resp.content:
+                    yield line.rstrip(b"\r\n")
+            except errors as e:
+                raise self._failure(e, began=True) from e
+
+        try:
+            async with self._call(method, url, body, headers) as resp:
+                began = True
+                yield StreamReply(resp.status, lines(), resp.read)
+        except errors as e:
+            raise self._failure(e, began) from e
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
@@ -247,6 +319,22 @@ class LanedHttpxTransport(Transport):
         self._lanes.append(lane)
         return lane
 
+    def _lane(self) -> _Lane:
+        for lane in self._lanes:
+            if lane.in_flight < LANE_REQUESTS:
+                return lane
+        return self._open_lane()
+
+    def _failure(self, error: Exception) -> TransportFailure:
+        lib = self._lib
+        if isinstance(error, lib.ConnectError | lib.ConnectTimeout):
+            return TransportFailure("refused", error)
+        if isinstance(error, lib.PoolTimeout):
+            return TransportFailure("no_connection", error)
+        if isinstance(error, lib.TimeoutException):
+            return TransportFailure("timeout", error)
+        return TransportFailure("dropped", error)
+
     async def request(
         self,
         method: str,
@@ -254,28 +342,46 @@ class LanedHttpxTransport(Transport):
         body: bytes | None,
         headers: Mapping[str, str] | None,
     ) -> Reply:
-        lib = self._lib
-        for lane in self._lanes:
-            if lane.in_flight < LANE_REQUESTS:
-                break
-        else:
-            lane = self._open_lane()
+        lane = self._lane()
         if body is not None:
             headers = _JSON if headers is None else {**_JSON, **headers}
         lane.in_flight += 1
         try:
             resp = await lane.http.request(method, url, content=body, headers=headers)
-        except (lib.ConnectError, lib.ConnectTimeout) as e:
-            raise TransportFailure("refused", e) from e
-        except lib.PoolTimeout as e:
-            raise TransportFailure("no_connection", e) from e
-        except lib.TimeoutException as e:
-            raise TransportFailure("timeout", e) from e
-        except lib.TransportError as e:
-            raise TransportFailure("dropped", e) from e
+        except self._lib.TransportError as e:
+            raise self._failure(e) from e
         finally:
             lane.in_flight -= 1
         return Reply(resp.status_code, resp.content)
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+    ) -> AsyncIterator[StreamReply]:
+        lane = self._lane()
+        if body is not None:
+            headers = _JSON if headers is None else {**_JSON, **headers}
+        errors = self._lib.TransportError
+
+        async def lines() -> AsyncIterator[bytes]:
+            try:
+                async for line in resp.aiter_lines():
+                    yield line.encode()
+            except errors as e:
+                raise self._failure(e) from e
+
+        lane.in_flight += 1
+        try:
+            async with lane.http.stream(method, url, content=body, headers=headers) as resp:
+                yield StreamReply(resp.status_code, lines(), resp.aread)
+        except errors as e:
+            raise self._failure(e) from e
+        finally:
+            lane.in_flight -= 1
 
     async def aclose(self) -> None:
         lanes, self._lanes = self._lanes, []

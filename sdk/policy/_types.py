@@ -4,7 +4,7 @@ protocol of samplers that load published policies."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -12,7 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .._exceptions import PolicyResponseError
 from ..trajectory import FinishReason, PolicyRef
 
-__all__ = ["Completion", "PolicyClient", "PolicyLoader", "SamplingParams"]
+__all__ = [
+    "Completion",
+    "PolicyClient",
+    "PolicyLoader",
+    "SamplingParams",
+    "StreamingPolicyClient",
+    "TokenSink",
+]
 
 
 class SamplingParams(BaseModel):
@@ -88,6 +95,38 @@ class PolicyClient(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+TokenSink = Callable[[Sequence[int]], Awaitable[None]]
+"""Told each run of newly sampled ids, in order, while a completion is being sampled."""
+
+
+@runtime_checkable
+class StreamingPolicyClient(PolicyClient, Protocol):
+    """A policy client whose engine sends tokens as it samples them.
+
+    What the gateway uses to stream a reply to an agent while it is sampled; the record is
+    still the returned `Completion`, whole and exact. Clients without it are sampled whole.
+    """
+
+    async def sample_streaming(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        on_tokens: TokenSink,
+        *,
+        policy: PolicyRef | str | None = None,
+        session: str | None = None,
+    ) -> Completion:
+        """Sample as `sample` does, telling `on_tokens` each run of ids as the engine sends
+        them; the runs told add up to the returned completion's ids.
+
+        A failure after the first run was told is never retried: the request ran.
+
+        Raises:
+            As `PolicyClient.sample`.
+        """
+        ...
 
 
 @runtime_checkable

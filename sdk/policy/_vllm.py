@@ -29,7 +29,7 @@ from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 from ._http import SESSION_HEADER, HTTPPolicyClient, PolicyChoice
 from ._paths import policy_path
 from ._transport import DEFAULT_TRANSPORT, TransportName
-from ._types import Completion, SamplingParams
+from ._types import Completion, SamplingParams, TokenSink
 
 __all__ = ["VLLMClient", "load_lora_adapter", "unload_lora_adapter"]
 
@@ -175,6 +175,64 @@ class VLLMClient(HTTPPolicyClient):
     async def _sample(
         self, prompt: list[int], params: SamplingParams, policy: PolicyChoice, session: str | None
     ) -> Completion:
+        async with self._request(prompt, params, policy) as (name, known, payload):
+            data = await self._post("/v1/completions", payload, session)
+        return self._completion(data, name, known)
+
+    async def sample_streaming(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        on_tokens: TokenSink,
+        *,
+        policy: PolicyRef | str | None = None,
+        session: str | None = None,
+    ) -> Completion:
+        """Sample one completion with the engine streaming it (`stream: true`); see
+        `StreamingPolicyClient.sample_streaming`. Each streamed chunk's token ids and
+        logprobs are checked as the whole answer's are."""
+        self._check_session(session)
+        async with self._request(list(prompt_ids), params, policy) as (name, known, payload):
+            payload = {**payload, "stream": True}
+            ids: list[int] = []
+            logprobs: list[float] = []
+            finish: str | None = None
+            reported: Any = None
+            async with self._post_streaming("/v1/completions", payload, session) as chunks:
+                async for chunk in chunks:
+                    if not isinstance(chunk, dict) or "error" in chunk:
+                        raise PolicyResponseError(
+                            f"the engine failed mid-stream: {str(chunk)[:500]}"
+                        )
+                    try:
+                        choice = chunk["choices"][0]
+                    except (KeyError, IndexError, TypeError):
+                        continue  # a usage record: no choice
+                    new_ids, new_logprobs = _tokens(choice)
+                    reported = chunk.get("plies_policy") or reported
+                    finish = choice.get("finish_reason") or finish
+                    ids += new_ids
+                    logprobs += new_logprobs
+                    if new_ids:
+                        await on_tokens(new_ids)
+        whole = {
+            "choices": [
+                {
+                    "token_ids": ids,
+                    "logprobs": {"token_logprobs": logprobs},
+                    "finish_reason": finish,
+                }
+            ],
+            "plies_policy": reported,
+        }
+        return self._completion(whole, name, known)
+
+    @asynccontextmanager
+    async def _request(
+        self, prompt: list[int], params: SamplingParams, policy: PolicyChoice
+    ) -> AsyncIterator[tuple[str, PolicyRef | None, dict[str, Any]]]:
+        """The served name, its known policy and the request body, counted in flight (so
+        `switching` can wait for it) while the caller sends it."""
         name = await self._name_of(policy)
         while name in self._gates:
             await self._gates[name].wait()
@@ -201,31 +259,21 @@ class VLLMClient(HTTPPolicyClient):
             payload["seed"] = params.seed
         self._busy[name] = self._busy.get(name, 0) + 1
         try:
-            data = await self._post("/v1/completions", payload, session)
+            yield name, known if isinstance(known, PolicyRef) else None, payload
         finally:
             self._busy[name] -= 1
             if not self._busy[name] and name in self._idle:
                 self._idle.pop(name).set()
-        return self._completion(data, name, known if isinstance(known, PolicyRef) else None)
 
     def _completion(self, data: Any, name: str, known: PolicyRef | None) -> Completion:
         try:
             choice = data["choices"][0]
-            ids = [int(t) for t in choice["token_ids"]]
-            lp_block = choice["logprobs"]
-            logprobs = [float(x) for x in lp_block["token_logprobs"]]
             reason = _FINISH[choice["finish_reason"]]
-        except (KeyError, IndexError, TypeError, ValueError) as e:
+        except (KeyError, IndexError, TypeError) as e:
             raise PolicyResponseError(
                 f"completion response lacks token ids, logprobs or finish reason: {e!r}"
             ) from e
-        if len(ids) != len(logprobs):
-            raise PolicyResponseError(
-                f"completion has {len(ids)} token ids but {len(logprobs)} logprobs"
-            )
-        tokens = lp_block.get("tokens")
-        if tokens is not None and [f"token_id:{t}" for t in ids] != list(tokens):
-            raise PolicyResponseError("logprob tokens do not match the returned token ids")
+        ids, logprobs = _tokens(choice)
         reported = data.get("plies_policy")
         if reported is not None:
             policy = PolicyRef.model_validate(reported)
@@ -237,6 +285,28 @@ class VLLMClient(HTTPPolicyClient):
                 f"for {name!r}; call register({name!r}, policy_ref)"
             )
         return Completion(ids=ids, logprobs=logprobs, finish_reason=reason, policy=policy)
+
+
+def _tokens(choice: Any) -> tuple[list[int], list[float]]:
+    """A choice's (or a streamed chunk's) token ids and their logprobs, checked to align."""
+    try:
+        ids = [int(t) for t in choice["token_ids"]]
+        lp_block = choice["logprobs"]
+        if lp_block is None and not ids:  # a stream's last chunk may carry only its finish
+            return [], []
+        logprobs = [float(x) for x in lp_block["token_logprobs"]]
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise PolicyResponseError(
+            f"completion response lacks token ids, logprobs or finish reason: {e!r}"
+        ) from e
+    if len(ids) != len(logprobs):
+        raise PolicyResponseError(
+            f"completion has {len(ids)} token ids but {len(logprobs)} logprobs"
+        )
+    tokens = lp_block.get("tokens")
+    if tokens is not None and [f"token_id:{t}" for t in ids] != list(tokens):
+        raise PolicyResponseError("logprob tokens do not match the returned token ids")
+    return ids, logprobs
 
 
 async def load_lora_adapter(

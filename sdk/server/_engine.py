@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,8 @@ class _Request:
     stop_reason: int | None = None
     error: Exception | None = None
     cancelled: bool = False
+    progress: anyio.Event | None = None
+    """Set after each step that may have sampled for it; only a streamed request has one."""
 
     def take(self, tok: int, lp: float) -> None:
         self.ids.append(tok)
@@ -240,14 +243,12 @@ class Engine:
 
     # -- requests -------------------------------------------------------------------------
 
-    async def generate(self, name: str, prompt: list[int], params: GenerateParams):
-        """Sample a completion of `prompt` from the policy served as `name`.
+    def check(self, name: str, prompt: list[int], params: GenerateParams) -> _Policy:
+        """What `generate` refuses, refused now (a stream checks before it opens); the
+        policy served as `name`.
 
         Raises:
-            UnknownPolicy: `name` is not loaded.
-            ConfigError: the prompt is empty or too long, or it or a stop id is outside the
-                vocabulary.
-            EngineOverloaded: `max_queued` requests are already in flight.
+            As `generate`.
         """
         pol = self._policies.get(name)
         if pol is None:
@@ -271,6 +272,29 @@ class Engine:
             )
         if self._inflight >= self.config.max_queued:
             raise EngineOverloaded(f"{self._inflight} requests in flight (max_queued)")
+        return pol
+
+    async def generate(
+        self,
+        name: str,
+        prompt: list[int],
+        params: GenerateParams,
+        *,
+        on_tokens: Callable[[list[int], list[float]], Awaitable[None]] | None = None,
+    ) -> GenerateResult:
+        """Sample a completion of `prompt` from the policy served as `name`.
+
+        `on_tokens`, when given, is told each run of new ids and their logprobs once a step
+        has sampled them; a slow listener does not hold the batch back, it is told more at
+        once next time.
+
+        Raises:
+            UnknownPolicy: `name` is not loaded.
+            ConfigError: the prompt is empty or too long, or it or a stop id is outside the
+                vocabulary.
+            EngineOverloaded: `max_queued` requests are already in flight.
+        """
+        pol = self.check(name, prompt, params)
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device="cpu")
@@ -287,7 +311,10 @@ class Engine:
         self._waiting.append(req)
         self._wake.set()
         try:
-            await req.done.wait()
+            if on_tokens is None:
+                await req.done.wait()
+            else:
+                await _follow(req, on_tokens)
         finally:
             if not req.done.is_set():
                 req.cancelled = True  # the scheduler drops the row at its next step
@@ -311,6 +338,12 @@ class Engine:
             for req in finished:
                 self._inflight -= 1
                 req.done.set()
+                if req.progress is not None:
+                    req.progress.set()
+            for batch in self._batches.values():
+                for req in batch.requests:
+                    if req.progress is not None:
+                        req.progress.set()
 
     def _admit(self) -> list[_Request]:
         rows: dict[int, int] = {}  # running rows per loaded policy
@@ -444,6 +477,25 @@ class Engine:
             layer.keys = layer.keys[index, :, first:]
             layer.values = layer.values[index, :, first:]
         return done
+
+
+async def _follow(
+    req: _Request, on_tokens: Callable[[list[int], list[float]], Awaitable[None]]
+) -> None:
+    """Tell `on_tokens` what `req` samples, step by step, until it is done."""
+    told = 0
+    while True:
+        req.progress = anyio.Event()
+        done = req.done.is_set()
+        # The worker appends an id, then its logprob: count only the pairs that are whole.
+        n = min(len(req.ids), len(req.logprobs))
+        if n > told:
+            await on_tokens(req.ids[told:n], req.logprobs[told:n])
+            told = n
+        elif done:
+            return
+        else:
+            await req.progress.wait()
 
 
 def _merge(a: _Batch, b: _Batch) -> _Batch:

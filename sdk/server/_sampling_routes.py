@@ -7,6 +7,7 @@ answer carries the `PolicyRef` of the weights that produced it.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Awaitable
@@ -16,6 +17,8 @@ from typing import Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Request, Response
+from starlette.types import Receive, Scope, Send
+from tokenizers.decoders import DecodeStream
 
 from ..wire.sampling import (
     CompletionRequest,
@@ -64,6 +67,105 @@ async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | Non
     return done[0] if done else None
 
 
+def _envelope(body: CompletionRequest) -> dict[str, Any]:
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": body.model,
+    }
+
+
+def _choice(
+    body: CompletionRequest, tok: Any, text: str, ids: list[int], logprobs: list[float]
+) -> dict[str, Any]:
+    """A completion choice (or a streamed chunk's) for these ids, as the request asked."""
+    lp_block = None
+    if body.logprobs is not None:
+        if body.return_tokens_as_token_ids:
+            tokens = [f"token_id:{t}" for t in ids]
+        else:
+            tokens = tok.convert_ids_to_tokens(ids)
+        lp_block = {
+            "tokens": tokens,
+            "token_logprobs": logprobs,
+            "top_logprobs": None,
+            "text_offset": None,
+        }
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": lp_block,
+        "finish_reason": None,
+        "stop_reason": None,
+    }
+    if body.return_token_ids:
+        choice["token_ids"] = ids
+    return choice
+
+
+class _StreamedCompletion(Response):
+    """`/v1/completions` with `stream: true`, as vLLM streams it: a server-sent event per
+    decode step with that step's text, token ids and logprobs, the last one with the finish
+    reason (and plies' `plies_policy`), then `[DONE]`.
+
+    The stream opens with the first sampled tokens, so a request the engine refuses (an
+    unknown policy, a prompt too long) still gets its HTTP error. A client that leaves
+    cancels the request as `_unless_client_leaves` does.
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any, body: CompletionRequest, params: Any):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.body = body
+        self.params = params
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body, tok = self.body, self.tokenizer
+        envelope = _envelope(body)
+        text = DecodeStream(skip_special_tokens=body.skip_special_tokens)
+        started = False
+
+        async def emit(record: dict[str, Any]) -> None:
+            nonlocal started
+            if not started:
+                headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                started = True
+            data = b"data: " + json.dumps(record, ensure_ascii=False).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        async def on_tokens(ids: list[int], logprobs: list[float]) -> None:
+            pieces = (text.step(tok.backend_tokenizer, t) for t in ids)
+            choice = _choice(body, tok, "".join(p for p in pieces if p), ids, logprobs)
+            await emit({**envelope, "choices": [choice]})
+
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            result = await self.engine.generate(
+                body.model, body.prompt, self.params, on_tokens=on_tokens
+            )
+            last = _choice(body, tok, "", [], [])
+            last |= {"finish_reason": result.finish_reason, "stop_reason": result.stop_reason}
+            final = {
+                **envelope,
+                "choices": [last],
+                "plies_policy": result.policy.model_dump(mode="json"),
+            }
+            await emit(final)
+            await send(
+                {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
+            )
+            tg.cancel_scope.cancel()
+
+
 def sampling_router() -> APIRouter:
     """The sampling, loading and statistics routes, over the app's engine and store."""
     router = APIRouter()
@@ -93,41 +195,22 @@ def sampling_router() -> APIRouter:
             stop_token_ids=frozenset(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos,
         )
+        if body.stream:
+            state.engine.check(body.model, body.prompt, params)
+            return _StreamedCompletion(state.engine, state.tokenizer, body, params)
         result = await _unless_client_leaves(
             request, state.engine.generate(body.model, body.prompt, params)
         )
         if result is None:
             return Response(status_code=_CLIENT_GONE)
-        tok = state.tokenizer
-        text = tok.decode(result.ids, skip_special_tokens=body.skip_special_tokens)
-        logprobs = None
-        if body.logprobs is not None:
-            if body.return_tokens_as_token_ids:
-                tokens = [f"token_id:{t}" for t in result.ids]
-            else:
-                tokens = tok.convert_ids_to_tokens(result.ids)
-            logprobs = {
-                "tokens": tokens,
-                "token_logprobs": result.logprobs,
-                "top_logprobs": None,
-                "text_offset": None,
-            }
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": text,
-            "logprobs": logprobs,
-            "finish_reason": result.finish_reason,
-            "stop_reason": result.stop_reason,
-        }
+        text = state.tokenizer.decode(result.ids, skip_special_tokens=body.skip_special_tokens)
+        choice = _choice(body, state.tokenizer, text, result.ids, result.logprobs)
+        choice |= {"finish_reason": result.finish_reason, "stop_reason": result.stop_reason}
         if body.return_token_ids:
-            choice["token_ids"] = result.ids
             choice["prompt_token_ids"] = body.prompt
         n_out = len(result.ids)
         return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": body.model,
+            **_envelope(body),
             "choices": [choice],
             "usage": {
                 "prompt_tokens": len(body.prompt),

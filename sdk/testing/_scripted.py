@@ -15,8 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from plies import ConfigError, PolicyError, PolicyRef
-from plies.policy import Completion, SamplingParams
+from plies.policy import Completion, SamplingParams, TokenSink
 
 __all__ = ["SCRIPTED_POLICY", "ScriptStep", "ScriptedPolicy", "render_completion"]
 
@@ -31,6 +33,8 @@ ScriptStep = ScriptAnswer | Callable[[str], ScriptAnswer]
 answers that depend on what the agent said, such as an absolute path in its system prompt)."""
 
 _SCRIPTED_LOGPROB = -0.1
+STREAM_RUN = 4
+"""Ids per run a streamed scripted answer is told in."""
 """The logprob reported for each scripted token: finite and the same for all, since no model
 sampled them."""
 
@@ -86,7 +90,8 @@ def _assistant_message(step: ScriptAnswer) -> dict[str, Any]:
 
 @dataclass
 class ScriptedPolicy:
-    """A policy client (`plies.policy.PolicyClient`) whose every answer comes from a script.
+    """A policy client (`plies.policy.StreamingPolicyClient`) whose every answer comes from a
+    script; streamed, an answer's ids are told `STREAM_RUN` at a time, as an engine steps.
 
     Args:
         tokenizer: the served model's tokenizer (its chat template writes the tool calls).
@@ -160,4 +165,20 @@ class ScriptedPolicy:
             policy=self.policy,
         )
         self.completions.append(completion)
+        return completion
+
+    async def sample_streaming(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        on_tokens: TokenSink,
+        *,
+        policy: PolicyRef | str | None = None,
+        session: str | None = None,
+    ) -> Completion:
+        """`sample`, its ids told to `on_tokens` a few at a time, yielding between runs."""
+        completion = await self.sample(prompt_ids, params, policy=policy, session=session)
+        for i in range(0, len(completion.ids), STREAM_RUN):
+            await on_tokens(completion.ids[i : i + STREAM_RUN])
+            await anyio.sleep(0)
         return completion

@@ -155,7 +155,11 @@ class ResponseParser:
         return self._template is not None
 
     def parse(
-        self, completion_ids: Sequence[int], prompt_ids: Sequence[int] | None = None
+        self,
+        completion_ids: Sequence[int],
+        prompt_ids: Sequence[int] | None = None,
+        *,
+        remember: bool = True,
     ) -> ParsedResponse:
         """Parse sampled ids into content, reasoning and tool calls.
 
@@ -164,6 +168,8 @@ class ResponseParser:
             prompt_ids: the prompt they continue. Only its last tokens are read, to see a
                 generation-prompt prefill (`<think>\\n\\n</think>\\n\\n`, `<think>\\n`). Without
                 it, the template's usual generation prompt is assumed.
+            remember: keep the parse for a repeat of these ids (False for ids that will not
+                come again, such as the start of a completion being streamed).
 
         Returns:
             The parsed turn; on failure the raw text with `ill_formed=True`. The parse of
@@ -173,7 +179,7 @@ class ResponseParser:
         ids = list(completion_ids)
         if self._template is None:
             return ParsedResponse(content=self._plain_text(ids))
-        if len(ids) > PARSE_MEMO_IDS:
+        if len(ids) > PARSE_MEMO_IDS or not remember:
             return self._parse(ids, prompt_ids)
         tail = tuple(prompt_ids[-_PREFIX_TOKENS:]) if prompt_ids is not None else None
         key = (tuple(ids), tail)

@@ -417,9 +417,7 @@ class Conversation:
         prompt = self.render()
         ids = list(completion_ids)
         if message is None:
-            if self._parser is None:
-                self._parser = self._renderer.parser(self._tools)
-            parsed = self._parser.parse(ids, prompt_ids=prompt)
+            parsed = self.parse(ids)
             message = parsed.to_message()
         else:
             message = _checked_message(message)
@@ -440,6 +438,21 @@ class Conversation:
         self._transition_reasoning = self._reasoning_since_user
         self._dirty = True
         return parsed
+
+    def parse(self, completion_ids: Sequence[int], *, prefix: bool = False) -> ParsedResponse:
+        """Parse ids as a completion of the current prompt, without recording them: what
+        `add_completion` would make of them.
+
+        Args:
+            prefix: the ids are the start of a completion still being sampled (the gateway
+                streams what they show); their parse is not remembered.
+
+        Raises:
+            ConfigError: tools are offered with no response parser.
+        """
+        if self._parser is None:
+            self._parser = self._renderer.parser(self._tools)
+        return self._parser.parse(completion_ids, prompt_ids=self.render(), remember=not prefix)
 
     def add_messages(self, messages: Sequence[dict[str, Any]]) -> None:
         """Append non-assistant messages (tool results, user turns) for the next prompt."""

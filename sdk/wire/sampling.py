@@ -68,7 +68,7 @@ class CompletionRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     skip_special_tokens: bool = True
-    stream: Literal[False] = False
+    stream: bool = Field(default=False, description="Server-sent events as tokens are sampled.")
     n: Literal[1] = 1
     stop: list[str] | None = Field(default=None, description="Only empty: stop by token id.")
     user: str | None = None

@@ -84,6 +84,24 @@ async def test_token_in_token_out_logprobs_match_a_forward_pass(
     assert worst(c.logprobs, expected) < 1e-4
 
 
+async def test_a_streamed_completion_matches_the_forward_pass_run_by_run(
+    vllm_server, forward_logprobs
+):
+    """vLLM's own stream (`stream: true` with token ids): the runs told add up to the
+    completion, which has the logprobs of a plain forward pass, as an unstreamed one does."""
+    runs: list[list[int]] = []
+
+    async def on_tokens(ids) -> None:
+        runs.append(list(ids))
+
+    async with client_for(vllm_server) as client:
+        c = await client.sample_streaming(PROMPT, SamplingParams(max_tokens=24, seed=4), on_tokens)
+    assert c.policy == vllm_server.store.get(0) and c.finish_reason == "length"
+    assert len(runs) > 1 and [t for run in runs for t in run] == c.ids
+    expected = forward_logprobs(vllm_server.store.path(0), PROMPT, c.ids, 1.0)
+    assert worst(c.logprobs, expected) < 1e-4
+
+
 async def test_stop_token_is_kept(vllm_server):
     async with client_for(vllm_server) as client:
         free = await client.sample(PROMPT, SamplingParams(max_tokens=10, temperature=0))

@@ -10,6 +10,7 @@ trajectory against exactly what the engine answered.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections import deque
@@ -24,7 +25,7 @@ import openai
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from plies.gateway import Gateway, GatewayServer
@@ -74,7 +75,7 @@ class Engine:
     """What the recording engine answered, and the completions queued for it to script."""
 
     url: str = ""
-    script: deque[tuple[list[int], str, float]] = field(default_factory=deque)
+    script: deque[tuple[list[int], str, float, float]] = field(default_factory=deque)
     requests: list[dict[str, Any]] = field(default_factory=list)
     answers: list[dict[str, Any]] = field(default_factory=list)
     exchanges: list[Exchange] = field(default_factory=list)
@@ -82,8 +83,14 @@ class Engine:
     (`requests` and `answers` are each in their own order, which concurrent requests
     can make differ)."""
 
-    def queue(self, ids: list[int], finish: str = "stop", delay: float = 0.0) -> None:
-        self.script.append((ids, finish, delay))
+    chunks_sent: list[float] = field(default_factory=list)
+    """When each streamed chunk left (monotonic seconds), across all streamed answers."""
+
+    def queue(
+        self, ids: list[int], finish: str = "stop", delay: float = 0.0, pace: float = 0.0
+    ) -> None:
+        """Script the next answer: sent after `delay` s; streamed, `pace` s between chunks."""
+        self.script.append((ids, finish, delay, pace))
 
     def sampled(self, k: int) -> tuple[list[int], list[float]]:
         choice = self.answers[k]["choices"][0]
@@ -105,6 +112,26 @@ async def serve_app(app: Any) -> AsyncIterator[str]:
             server.should_exit = True
 
 
+STREAM_RUN = 3
+"""Ids per chunk when the recording engine streams an answer (vLLM sends one per step)."""
+
+
+async def _chunks(answer: dict[str, Any], engine: Engine, pace: float) -> AsyncIterator[bytes]:
+    """A whole answer as vLLM streams one: runs of ids with their logprobs, the finish and
+    the policy in a last chunk, then `[DONE]`."""
+    choice = answer["choices"][0]
+    ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    for i in range(0, len(ids), STREAM_RUN):
+        run = {"token_ids": ids[i : i + STREAM_RUN], "finish_reason": None}
+        run["logprobs"] = {"token_logprobs": logprobs[i : i + STREAM_RUN]}
+        yield b"data: " + json.dumps({"choices": [run]}).encode() + b"\n\n"
+        engine.chunks_sent.append(time.monotonic())
+        await anyio.sleep(pace)
+    last = {"token_ids": [], "logprobs": None, "finish_reason": choice["finish_reason"]}
+    record = {"choices": [last], "plies_policy": answer.get("plies_policy")}
+    yield b"data: " + json.dumps(record).encode() + b"\n\ndata: [DONE]\n\n"
+
+
 @asynccontextmanager
 async def recording_engine(upstream: str) -> AsyncIterator[Engine]:
     engine = Engine()
@@ -114,8 +141,9 @@ async def recording_engine(upstream: str) -> AsyncIterator[Engine]:
             arrived = time.monotonic()
             body = await request.json()
             engine.requests.append(body)
+            pace = 0.0
             if engine.script:
-                ids, finish, delay = engine.script.popleft()
+                ids, finish, delay, pace = engine.script.popleft()
                 await anyio.sleep(delay)
                 answer = {
                     "choices": [
@@ -130,7 +158,7 @@ async def recording_engine(upstream: str) -> AsyncIterator[Engine]:
                     "plies_policy": SCRIPTED_POLICY,
                 }
             else:
-                resp = await client.post("/v1/completions", json=body)
+                resp = await client.post("/v1/completions", json={**body, "stream": False})
                 resp.raise_for_status()
                 answer = resp.json()
             engine.answers.append(answer)
@@ -144,6 +172,9 @@ async def recording_engine(upstream: str) -> AsyncIterator[Engine]:
                     time.monotonic(),
                 )
             )
+            if body.get("stream"):
+                chunks = _chunks(answer, engine, pace)
+                return StreamingResponse(chunks, media_type="text/event-stream")
             return JSONResponse(answer)
 
         app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])

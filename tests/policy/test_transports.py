@@ -69,6 +69,11 @@ class Engine:
                 body, buf = json.loads(rest[:length]), rest[length:]
                 self.requests.append((headers, body))
                 how = body.get("model")
+                if body.get("stream") and how in STREAMED:
+                    await self.stream(stream, how)
+                    if how != "ok":
+                        return
+                    continue
                 if how == "hang":
                     await anyio.sleep_forever()
                 if how == "drop":
@@ -85,6 +90,40 @@ class Engine:
             pass
         finally:
             await stream.aclose()
+
+    async def stream(self, stream: SocketStream, how: str) -> None:
+        """A streamed answer in chunked transfer encoding: three runs of ids, 0.2 s apart,
+        then the finish and `[DONE]`; or cut off, stalled or unterminated after the first."""
+        head = (
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            "transfer-encoding: chunked\r\n\r\n"
+        )
+        await stream.send(head.encode())
+        for run in RUNS:
+            choice = {"token_ids": run, "logprobs": {"token_logprobs": [-0.5] * len(run)}}
+            await stream.send(chunk(b"data: " + json.dumps({"choices": [choice]}).encode()))
+            if how == "cut":
+                return
+            if how == "stall":
+                await anyio.sleep_forever()
+            await anyio.sleep(PACE)
+        if how == "no-done":
+            await stream.send(b"0\r\n\r\n")
+            return
+        last = {"choices": [{"token_ids": [], "logprobs": None, "finish_reason": "stop"}]}
+        await stream.send(chunk(b"data: " + json.dumps({**last, "plies_policy": REF}).encode()))
+        await stream.send(chunk(b"data: [DONE]") + b"0\r\n\r\n")
+
+
+STREAMED = ("ok", "cut", "stall", "no-done")
+RUNS = [[7, 8], [9], [10, 11, 12]]
+PACE = 0.2
+
+
+def chunk(event: bytes) -> bytes:
+    """One server-sent event as one HTTP chunk."""
+    data = event + b"\n\n"
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
 @pytest.fixture
@@ -189,3 +228,54 @@ async def test_an_answer_that_is_not_json_is_a_response_error(engine, transport)
 def test_an_unknown_transport_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"'curl'.*aiohttp, httpx, httpx2"):
         client(1, "ok", "curl")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_stream_is_told_as_it_arrives_and_adds_up(engine, transport):
+    told: list[tuple[float, list[int]]] = []
+
+    async def on_tokens(ids) -> None:
+        told.append((time.monotonic(), list(ids)))
+
+    async with client(engine.port, "ok", transport) as policy:
+        completion = await policy.sample_streaming([1], PARAMS, on_tokens, session="ep-1")
+        done = time.monotonic()
+    assert [ids for _, ids in told] == RUNS
+    assert completion.ids == [7, 8, 9, 10, 11, 12] and completion.finish_reason == "stop"
+    assert completion.logprobs == [-0.5] * 6 and completion.policy.uri == REF["uri"]
+    assert done - told[0][0] >= 2 * PACE * 0.9  # the first run was told before the rest came
+    ((headers, body),) = engine.requests
+    assert body["stream"] is True and headers["x-session-id"] == "ep-1"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("cut", "failed mid-request"),
+        ("stall", "within the timeout"),
+        ("no-done", "before \\[DONE\\]"),
+    ],
+)
+async def test_a_stream_that_stops_midway_is_never_repeated(engine, transport, how, says):
+    told: list[list[int]] = []
+
+    async def on_tokens(ids) -> None:
+        told.append(list(ids))
+
+    async with client(engine.port, how, transport, timeout=Timeout(read=0.5)) as policy:
+        with pytest.raises(PolicyOutcomeUnknown, match=says):
+            await policy.sample_streaming([1], PARAMS, on_tokens)
+    assert told[0] == RUNS[0]
+    assert len(engine.requests) == 1
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_stream_that_never_began_is_retried(engine, transport):
+    async def on_tokens(ids) -> None:
+        raise AssertionError("nothing was streamed")
+
+    async with client(engine.port, "busy", transport) as policy:
+        with pytest.raises(PolicyUnavailable, match="overloaded"):
+            await policy.sample_streaming([1], PARAMS, on_tokens)
+    assert len(engine.requests) == FAST_RETRY.attempts

@@ -134,3 +134,58 @@ async def test_fault_routes_exist_only_on_a_test_server_bound_to_loopback(
     assert resp.status_code == 404  # a production server has no such route
     refused = serve(model_dir=tiny_model_dir, state_dir=tmp_path, host="0.0.0.0", test_faults=True)
     assert refused == 2
+
+
+async def test_a_streamed_completion_is_the_unstreamed_one_step_by_step(policy_server):
+    params = SamplingParams(max_tokens=24, seed=11)
+    runs: list[list[int]] = []
+
+    async def on_tokens(ids) -> None:
+        runs.append(list(ids))
+
+    async with client_for(policy_server) as client:
+        streamed = await client.sample_streaming(PROMPT, params, on_tokens)
+        whole = await client.sample(PROMPT, params)
+    assert (streamed.ids, streamed.logprobs) == (whole.ids, whole.logprobs)
+    assert streamed.finish_reason == whole.finish_reason and streamed.policy == whole.policy
+    # One run per decode step (the prefill's step samples two), told as each step ended.
+    assert len(runs) >= len(whole.ids) - 1 and [t for r in runs for t in r] == whole.ids
+
+    body = {"model": policy_server.model, "prompt": PROMPT, "max_tokens": 6, "stream": True}
+    async with httpx.AsyncClient(timeout=60) as http:
+        text = (await http.post(policy_server.url + "/v1/completions", json=body)).text
+    records = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert records[-1] == "[DONE]"
+    assert '"finish_reason": "length"' in records[-2] and "plies_policy" in records[-2]
+
+
+async def test_a_stream_is_refused_before_it_opens_and_ends_when_the_client_leaves(
+    policy_server,
+):
+    url = policy_server.url + "/v1/completions"
+    async with httpx.AsyncClient(timeout=60) as http:
+        body = {"model": "nope", "prompt": PROMPT, "max_tokens": 4, "stream": True}
+        refused = await http.post(url, json=body)
+        assert refused.status_code == 404 and "no policy named 'nope'" in refused.text
+
+        # A client that reads two events of a long stream and leaves: its row is dropped.
+        stats_url = policy_server.url + "/plies/stats"
+        before = (await http.get(stats_url)).json()["tokens_generated"]
+        body = {
+            "model": policy_server.model,
+            "prompt": PROMPT,
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        async with http.stream("POST", url, json=body) as resp:
+            assert resp.status_code == 200
+            seen = 0
+            async for line in resp.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen == 2:
+                    break
+        with anyio.fail_after(30):
+            while (stats := (await http.get(stats_url)).json())["running"] or stats["waiting"]:
+                await anyio.sleep(0.1)
+    assert stats["tokens_generated"] - before < 500  # not the 2,000 it asked for
