@@ -35,7 +35,7 @@ import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -177,6 +177,11 @@ class ShardedDriver(DriverBase):
             down when it closes; one that was running already is left running.
         actor_options: passed to `.options()` of each actor (default `num_cpus=1`), e.g.
             `{"num_cpus": 4}` or a `scheduling_strategy` to spread shards over nodes.
+        shard_options: one mapping per shard, laid over `actor_options` for that shard's
+            actor alone (key by key: a shard's `resources` replaces the common ones). It pins
+            a shard to a node when the shard needs what only that node has (its envs, its
+            engine, its disk): start each node with a resource of its own (`ray start
+            --resources '{"node_a": 1}'`) and pass `[{"resources": {"node_a": 1}}, ...]`.
         exit_timeout: seconds the head waits at exit for shards to finish before it counts
             them lost.
 
@@ -203,10 +208,13 @@ class ShardedDriver(DriverBase):
         run_id: str | None = None,
         address: str | None = None,
         actor_options: dict[str, Any] | None = None,
+        shard_options: Sequence[Mapping[str, Any]] | None = None,
         exit_timeout: float = DEFAULT_SHARD_EXIT_TIMEOUT,
     ):
         if shards < 1:
             raise ConfigError(f"shards must be at least 1, got {shards}")
+        if shard_options is not None and len(shard_options) != shards:
+            raise ConfigError(f"shard_options has {len(shard_options)} entries for {shards} shards")
         self._writer = DurableWriter(self._report_write if report_path is not None else None)
         super().__init__(
             policy=policy,
@@ -219,6 +227,7 @@ class ShardedDriver(DriverBase):
         self.run_id = run_id or uuid.uuid4().hex
         self.address = address
         self.actor_options = {"num_cpus": 1, **(actor_options or {})}
+        self.shard_options = [dict(o) for o in shard_options or [{}] * shards]
         self.exit_timeout = exit_timeout
         self._make_shard = make_shard
         self._ray: Any = None
@@ -249,9 +258,12 @@ class ShardedDriver(DriverBase):
             self._writer_tg = anyio.create_task_group()
             await self._writer_tg.__aenter__()
             await self._writer_tg.start(self._writer.run)
-            actor_class = ray.remote(ShardActor).options(max_restarts=0, **self.actor_options)
-            for index in range(self.shards):
-                actor = actor_class.remote(index, self._make_shard, self._policy, self.run_id)
+            actor_class = ray.remote(ShardActor)
+            for index, own in enumerate(self.shard_options):
+                options = {**self.actor_options, **own, "max_restarts": 0}
+                actor = actor_class.options(**options).remote(
+                    index, self._make_shard, self._policy, self.run_id
+                )
                 self._shards.append(_Shard(index, actor, self._policy))
             runs = [shard.actor.run.remote() for shard in self._shards]
             await _gather([shard.actor.wait_ready.remote() for shard in self._shards])

@@ -1,4 +1,4 @@
-"""Fixtures of the Ray tier: one local Ray per test module, and a real loopback server.
+"""Fixtures of the Ray tier: one local Ray per test module, a real loopback server, asyncio.
 
 Ray starts in several seconds on two cores, so a module shares one `ray.init` (with a short
 temporary directory of its own: Ray's socket paths must stay short) and always shuts it down.
@@ -39,6 +39,11 @@ def local_ray() -> Iterator[object]:
     finally:
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # Ray's object refs are asyncio awaitables
 
 
 @pytest.fixture(scope="module")

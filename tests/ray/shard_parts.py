@@ -8,6 +8,8 @@ only plies, anyio and httpx.
 - `episode` borrows a `Session` (a resource with a remote id), then per turn samples,
   records the turn under the group's policy and runs one step inside `lease.operation`, so
   a cancelled step that does not settle quarantines the session;
+- `placed_episode` is `episode` with the Ray node and process that played it in the
+  trajectory's `info` (the two-node test checks where each shard ran);
 - `make_shard(url, index)` is the factory a `ShardedDriver` pickles to each actor.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,6 +28,7 @@ from plies import Trajectory, Turn
 from plies.runtime import EnvPool, EpisodeContext, ShardSetup
 
 TOKENS = 3
+Episode = Callable[[EpisodeContext], Awaitable[Trajectory]]
 SKIP = "the Ray tier needs the plies[ray] extra (.ci/ray-tier)"
 """Tests skip unless `ray.actor` imports: without Ray, `import ray` finds this folder."""
 
@@ -89,14 +92,20 @@ async def episode(ctx: EpisodeContext) -> Trajectory:
     return ctx.trajectory
 
 
+async def placed_episode(ctx: EpisodeContext) -> Trajectory:
+    import ray  # only ever runs in a shard's actor
+
+    trajectory = await episode(ctx)
+    trajectory.info.update(node=ray.get_runtime_context().get_node_id(), pid=os.getpid())
+    return trajectory
+
+
 def make_pool() -> EnvPool[Session]:
     return EnvPool(make_session, kind="session", limit=64, settle_timeout=0.3)
 
 
 @asynccontextmanager
-async def make_shard(url: str, index: int) -> AsyncIterator[ShardSetup]:
+async def make_shard(url: str, index: int, play: Episode = episode) -> AsyncIterator[ShardSetup]:
     """One shard: its own HTTP client, policy client and pool."""
     async with httpx.AsyncClient(timeout=60) as http:
-        yield ShardSetup(
-            episode, pools=[make_pool()], policy=StandInPolicy(url, http), exit_grace=2
-        )
+        yield ShardSetup(play, pools=[make_pool()], policy=StandInPolicy(url, http), exit_grace=2)

@@ -1,8 +1,10 @@
 """A rollout script for the Ray signal tests: a `ShardedDriver` of two shards, under `run`.
 
-    python sharded_script.py RUN_DIR POLICY_URL SEED
+    python sharded_script.py RUN_DIR POLICY_URL SEED [ADDRESS RESOURCE0 RESOURCE1]
 
-It starts its own local Ray (`ray.init()` inside the driver, shut down when it closes).
+It starts its own local Ray (`ray.init()` inside the driver, shut down when it closes), or
+with ADDRESS joins that cluster (left running) and pins shard i to the node that has the
+custom resource RESOURCEi.
 Episodes sample from POLICY_URL (the op server) and run remote steps of random length on it
 (`shard_parts.py`). Events go to stdout as JSON lines: ready, admitted (a group the driver
 took), group (after the sink wrote it), and stats at the very end.
@@ -17,7 +19,7 @@ from functools import partial
 from pathlib import Path
 
 import anyio
-from shard_parts import make_shard, task
+from shard_parts import make_shard, placed_episode, task
 
 from plies import AdmissionClosed, PolicyRef
 from plies.runtime import GroupSpec, JsonlSink, ShardedDriver, run
@@ -29,7 +31,9 @@ def emit(event: str, **fields) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
-async def main(interrupts, run_dir: Path, policy_url: str, seed: int) -> None:
+async def main(
+    interrupts, run_dir: Path, policy_url: str, seed: int, address: str | None, pins: list[str]
+) -> None:
     rng = random.Random(seed)
 
     async def admit_all(driver: ShardedDriver) -> None:
@@ -43,8 +47,10 @@ async def main(interrupts, run_dir: Path, policy_url: str, seed: int) -> None:
             emit("admitted", id=spec.id)
 
     driver = ShardedDriver(
-        partial(make_shard, policy_url),
+        partial(make_shard, policy_url, play=placed_episode),
         shards=2,
+        address=address,
+        shard_options=[{"resources": {name: 1}} for name in pins] or None,
         policy=REF,
         max_groups_in_flight=6,
         report_path=run_dir / "quarantine.json",
@@ -77,4 +83,7 @@ async def main(interrupts, run_dir: Path, policy_url: str, seed: int) -> None:
 
 if __name__ == "__main__":
     run_dir, policy_url, seed = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    raise SystemExit(run(lambda interrupts: main(interrupts, run_dir, policy_url, seed)))
+    address, pins = (sys.argv[4], sys.argv[5:]) if len(sys.argv) > 4 else (None, [])
+    raise SystemExit(
+        run(lambda interrupts: main(interrupts, run_dir, policy_url, seed, address, pins))
+    )

@@ -43,11 +43,6 @@ V1 = PolicyRef(uri="plies://ray/policies/1", version=1)
 SPECS = [GroupSpec(f"task{i}", size=2, task=task(1 + i % 3), id=f"g{i}") for i in range(12)]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # Ray's object refs are asyncio awaitables
-
-
 def shard_processes() -> list[str]:
     """Live shard actors of this session's Ray (Ray titles an actor's process after it)."""
     out = subprocess.run(

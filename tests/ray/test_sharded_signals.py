@@ -12,17 +12,13 @@ shard actor, no Ray worker, raylet or GCS.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
+from sessions import Script, left_after
 from shard_parts import SKIP
 
 pytest.importorskip("ray.actor", reason=SKIP)
@@ -30,76 +26,7 @@ pytest.importorskip("ray.actor", reason=SKIP)
 from plies import Status
 from plies.runtime import read_groups, read_report
 
-HERE = Path(__file__).parent
-SCRIPT = HERE / "sharded_script.py"
 STEPS = ("interrupt: admission stopped", "second interrupt", "third interrupt")
-
-
-def session_processes(sid: int) -> list[str]:
-    """Live (not zombie) processes of session `sid`: what a run left behind."""
-    out = subprocess.run(
-        ["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True, check=True
-    ).stdout
-    left = []
-    for line in out.splitlines():
-        pid, s, stat, args = [*line.split(None, 3), ""][:4]
-        if int(s) == sid and not stat.startswith("Z"):
-            left.append(f"{pid} {args[:120]}")
-    return left
-
-
-class Script:
-    """One run of the script, its stdout events collected as they come."""
-
-    def __init__(self, run_dir: Path, policy_url: str, seed: int):
-        env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(run_dir), policy_url, str(seed)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=run_dir,
-            env=env,
-            start_new_session=True,
-        )
-        self.events: list[dict] = []
-        self.stderr: list[str] = []
-        self.ready = threading.Event()
-        self._readers = [
-            threading.Thread(target=self._read, daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # Ray's own lines
-            self.events.append(event)
-            if event["event"] == "ready":
-                self.ready.set()
-
-    def _read_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        self.stderr.extend(self.proc.stderr)
-
-    def ids(self, event: str) -> set[str]:
-        return {e["id"] for e in self.events if e["event"] == event}
-
-    def finish(self, timeout: float) -> tuple[int, str]:
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            for reader in self._readers:
-                reader.join(timeout=10)
-        return self.proc.returncode, "".join(self.stderr)
 
 
 @pytest.mark.timeout(240)
@@ -160,7 +87,4 @@ def test_ctrl_c_on_sharded_driver(policy_url, tmp_path, presses):
         if script.proc.poll() is None:
             os.killpg(sid, signal.SIGKILL)
     # Nothing of the run is left: no shard actor, no Ray worker, raylet or GCS.
-    deadline = time.monotonic() + 15
-    while session_processes(sid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert session_processes(sid) == [], session_processes(sid)
+    assert left_after(sid, 15) == []
