@@ -28,11 +28,12 @@ from ._schemas import ChatCompletionRequest, chunk, completion, error_body
 from ._session import PreparedTurn, Session
 from ._stream import TextKind
 
-__all__ = ["HANDLE_PREFIX", "ChatDialect", "Dialect", "text_pieces"]
+__all__ = ["ChatDialect", "Dialect", "text_pieces"]
 
 TEXT_PIECE_CHARS = 64
 """Characters per text delta of what is sent once the turn is whole."""
 HANDLE_PREFIX = "plies-turn-"
+"""How a handle the gateway minted begins (they are looked up whole; this only names them)."""
 _TEXT_FIELDS: tuple[tuple[TextKind, str], ...] = (
     ("reasoning", "reasoning_content"),
     ("content", "content"),
