@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 TransportName = Literal["aiohttp", "httpx", "httpx2"]
+Headers = Mapping[str, str] | None
+"""A request's own headers, beside the client's."""
 DEFAULT_TRANSPORT: TransportName = "aiohttp"
 
 LANE_REQUESTS = 8
@@ -133,13 +135,7 @@ class Transport(ABC):
         self.headers = dict(headers)
 
     @abstractmethod
-    async def request(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        headers: Mapping[str, str] | None,
-    ) -> Reply:
+    async def request(self, method: str, url: str, body: bytes | None, headers: Headers) -> Reply:
         """Send one request (a JSON body when `body` is given) and read the whole answer.
 
         Raises:
@@ -148,11 +144,7 @@ class Transport(ABC):
 
     @abstractmethod
     def stream(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        headers: Mapping[str, str] | None,
+        self, method: str, url: str, body: bytes | None, headers: Headers
     ) -> AbstractAsyncContextManager[StreamReply]:
         """Send one request and hold its answer open to be read as it arrives.
 
@@ -211,9 +203,7 @@ class AiohttpTransport(Transport):
         )
         return self._session
 
-    def _call(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None
-    ) -> Any:
+    def _call(self, method: str, url: str, body: bytes | None, headers: Headers) -> Any:
         """The session's request context for one request, headers and bounds set."""
         session = self._session or self._open()
         options: dict[str, Any] = {}
@@ -238,13 +228,7 @@ class AiohttpTransport(Transport):
             return TransportFailure("timeout", error)
         return TransportFailure("dropped", error)
 
-    async def request(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        headers: Mapping[str, str] | None,
-    ) -> Reply:
+    async def request(self, method: str, url: str, body: bytes | None, headers: Headers) -> Reply:
         try:
             async with self._call(method, url, body, headers) as resp:
                 return Reply(resp.status, await resp.read())
@@ -253,11 +237,7 @@ class AiohttpTransport(Transport):
 
     @asynccontextmanager
     async def stream(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        headers: Mapping[str, str] | None,
+        self, method: str, url: str, body: bytes | None, headers: Headers
     ) -> AsyncIterator[StreamReply]:
         errors = (TimeoutError, self._aiohttp.ClientError)
         began = False
@@ -335,13 +315,7 @@ class LanedHttpxTransport(Transport):
             return TransportFailure("timeout", error)
         return TransportFailure("dropped", error)
 
-    async def request(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        headers: Mapping[str, str] | None,
-    ) -> Reply:
+    async def request(self, method: str, url: str, body: bytes | None, headers: Headers) -> Reply:
         lane = self._lane()
         if body is not None:
             headers = _JSON if headers is None else {**_JSON, **headers}
@@ -356,11 +330,7 @@ class LanedHttpxTransport(Transport):
 
     @asynccontextmanager
     async def stream(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        headers: Mapping[str, str] | None,
+        self, method: str, url: str, body: bytes | None, headers: Headers
     ) -> AsyncIterator[StreamReply]:
         lane = self._lane()
         if body is not None:
