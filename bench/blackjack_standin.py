@@ -1,6 +1,6 @@
 """A fast in-process stand-in for the Blackjack recipe's learning, for research on the recipe.
 
-A real `plies demo blackjack` run takes 10-20 minutes; the questions docs/training.md asks
+A real `plies demo blackjack` run takes 10-20 minutes; the questions docs/research.md asks
 (does the decision read the cards, does GRPO sharpen or collapse) need many runs. This
 script keeps what decides them and drops the rest: the same tokenizer, template, renderer,
 system prompt, env, seeds and model architecture as the recipe, but the model lives in this

@@ -117,7 +117,7 @@ RULES = (
     "take a card or `stand` to end your turn. Win +1, draw 0, lose -1."
 )
 DEFAULT_SHAPE = {"steps": 45, "per_step": 8, "size": 16, "certain": 1054, "tied": 343}
-"""The default budget's run as docs/training.md's clean run recorded it: 45 GRPO steps of 8
+"""The default budget's run as docs/research.md's clean run recorded it: 45 GRPO steps of 8
 groups of 16, and the groups set aside on the way (1,054 certain, played as one member, and
 343 tied): 1,757 groups, 12,302 episodes, about 20,000 turns."""
 

@@ -70,7 +70,7 @@ class Budget:
     arrives and another is sampled (dynamic sampling), so every step trains on this many."""
     group_size: int
     """Episodes of one deal per group; 16 members tie less often than 8 once the policy
-    mostly stands, at the same episodes per step (see docs/training.md)."""
+    mostly stands, at the same episodes per step (see docs/research.md)."""
     lr: float
     eval_hands: int
     """Held-out hands evaluated before and after GRPO (the headline comparison)."""
@@ -83,7 +83,7 @@ class Budget:
     warm_tail_steps: int = 0
     """Warm-start steps taken after `warm_steps`, at `warm_tail_lr`: a second stage, for a
     start that wants two rates (a fast one fixes the tool call's format, a slow one lets
-    the decision learn to read the cards; docs/training.md measures both orders)."""
+    the decision learn to read the cards; docs/research.md measures both orders)."""
     warm_tail_lr: float = 3e-2
     warm_players: WarmPlayers = "random"
     """Who plays the warm start's transcripts (`transcripts`): coin flips, or threshold
@@ -92,7 +92,7 @@ class Budget:
     """`group`: each member's reward minus its group's mean, on every sampled token.
     `state_contrast`: the same, less the share that moves every state's hit rate alike
     (`contrast.state_contrast`): not an unbiased policy gradient, but at half share it kept
-    GRPO from drifting to stand where group advantages drifted (docs/training.md)."""
+    GRPO from drifting to stand where group advantages drifted (docs/research.md)."""
     contrast_share: float = 1.0
     """How much of the shared share `state_contrast` removes, from 0 (none) to 1 (all)."""
     top_p: float = 1.0
@@ -102,7 +102,7 @@ class Budget:
     loss: LossName = "ppo"
     """GRPO's loss. `ppo` clips the ratio of the trainer's to the sampler's probability at
     1 +- 0.2, so a group sampled a version or two back cannot push a token that has already
-    moved (see docs/training.md for what unclipped `importance_sampling` did)."""
+    moved (see docs/research.md for what unclipped `importance_sampling` did)."""
 
     def __post_init__(self) -> None:
         for name, least in _LEAST.items():
@@ -245,7 +245,7 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
         ),
     }
 )  # fmt: skip
-"""The presets. `default` is the flagship, each choice measured in docs/training.md: a slow
+"""The presets. `default` is the flagship, each choice measured in docs/research.md: a slow
 warm start on threshold players, so the decision reads the total; GRPO at a slow rate with
 the shared share of the update removed, so it does not collapse to always-stand, on 8 groups
 of 16 a step, so that the noise of a small batch does not walk the policy off course; and nucleus
@@ -264,7 +264,7 @@ SamplerName = Literal["batched", "batch-invariant"]
 pass, as vLLM batches them; `plies replay` gets every token back, and logprobs to float32
 rounding. `batch-invariant` (`plies serve --batch-invariant`): each request is decoded alone,
 so replay reproduces every logprob bit for bit, and an evaluation of the default run takes
-2.6x as long (docs/training.md)."""
+2.6x as long (docs/research.md)."""
 
 
 @dataclass(frozen=True, slots=True)

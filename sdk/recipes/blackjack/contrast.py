@@ -4,14 +4,14 @@ A policy gradient on the hit/stand token is a sum over decisions of `A * (1[hit]
 times the gradient of the decision's logit. While the model's decision barely depends on the
 state, that gradient is nearly the same vector at every decision, and the sum acts as one
 shared knob: hits lost at 17 and above turn every state towards stand, totals of 11 and
-below included (docs/training.md measured this). `state_contrast` removes that shared share:
+below included (docs/research.md measured this). `state_contrast` removes that shared share:
 it subtracts from each decision token's advantage a multiple of `1[hit] - p_hit`, chosen so
 that the sum over the batch is zero. What is left credits a decision only against the others
 in the batch, so it can move the hit rate from one state to another but not all together.
 It is an action-dependent baseline, so it is not an unbiased policy gradient. The default
 budget removes all of it (`contrast_share` 1): with nucleus sampling at 0.8 the cut plays the
 ends of the chart, and a run that removed half drifted to stand everywhere late in its
-steps, where this one kept hitting low totals (docs/training.md).
+steps, where this one kept hitting low totals (docs/research.md).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def expected_return(
 
     It prices what sampling costs: a policy that plays the optimal call 95% of the time
     loses about as much to its 5% as separates "hit below 17" from the optimum
-    (docs/training.md).
+    (docs/research.md).
 
     Raises:
         ValueError: a share outside [0, 1], or hit and forfeit shares summing above 1.

@@ -42,7 +42,7 @@ async def transcripts(
     strategy, and nothing in its labels depends on the cards. `thresholds`: each hand is
     played by its own threshold player (hit while the total is below a threshold drawn
     uniformly from 12 to 21), so the labels depend on the total but favour no threshold
-    and ignore the dealer's card (see docs/training.md for what each did).
+    and ignore the dealer's card (see docs/research.md for what each did).
     Completions are the canonical tool-call ids; logprobs are 0 (the loss ignores them).
     """
     rng = random.Random(seed)
