@@ -10,13 +10,13 @@ What comes back equal depends on how the run sampled, which `run.json` records
 
 - batch-invariant (`plies serve --batch-invariant`; `plies demo --sampler batch-invariant`): every
   request was decoded alone, as replay decodes it, so tokens and logprobs are equal bit for
-  bit, and a logprob that is not is a failure (measured on a smoke run, every group
-  replayed: 52 of 52 turns bit for bit);
+  bit, and a logprob that is not is a failure;
 - batched (the default of the server and of `plies demo`): the run decoded each request in
   a batch with others (left padding, other rows), and a float32 matmul or attention sum over
   another batch rounds differently, so the tokens come back equal but the logprobs only to
-  float32 rounding (measured on a smoke run: 53 of 53 turns' tokens equal, logprobs within
-  4e-6, 11 of 53 bit for bit). The report says, per turn, how far they are.
+  float32 rounding. The report says, per turn, how far they are.
+
+docs/viewer.md gives what a smoke run's replay measured in each mode.
 
 `--train-only` re-feeds a recorded training step instead (`_train_replay.py`).
 """

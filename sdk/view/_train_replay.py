@@ -19,7 +19,7 @@ here re-implements what a step is; the command line passes it in, as `plies.view
 recipes are independent layers.
 
 On CPU the trainer is deterministic for one machine and thread count: every metric comes
-back bit for bit (measured on a smoke run's steps). A difference is reported with its size.
+back bit for bit (docs/viewer.md: a smoke run's steps). A difference is reported with its size.
 """
 
 from __future__ import annotations
