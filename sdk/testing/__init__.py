@@ -9,7 +9,8 @@
 - `serve_process` / `serve_process_sync`: start a server that prints one JSON ready line on
   stdout, hand it out as a `ServerProcess`, stop it on every path (`spawn_server` and
   `stop_server` are its two halves, for a pool that owns the lifetime); `plies_command`
-  spells `python -m plies ...` for this interpreter.
+  spells `python -m plies ...` for this interpreter; `free_port` and `closed_url` name a
+  loopback port to bind and a URL where nothing answers.
 - `sandbox_processes`: the processes still labelled with a sandbox under a directory, the
   leak check after an episode or a Ctrl-C.
 
@@ -36,6 +37,8 @@ from ._scripted import ScriptedPolicy as ScriptedPolicy
 from ._scripted import ScriptStep as ScriptStep
 from ._scripted import render_completion as render_completion
 from ._serve import ServerProcess as ServerProcess
+from ._serve import closed_url as closed_url
+from ._serve import free_port as free_port
 from ._serve import plies_command as plies_command
 from ._serve import serve_process as serve_process
 from ._serve import serve_process_sync as serve_process_sync
@@ -56,6 +59,8 @@ __all__ = [
     "ServerProcess",
     "build_qwen3_tokenizer",
     "build_tiny_model",
+    "closed_url",
+    "free_port",
     "kit_dir",
     "plies_command",
     "qwen3_tokenizer_dir",

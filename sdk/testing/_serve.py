@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +35,8 @@ from plies import PliesError
 
 __all__ = [
     "ServerProcess",
+    "closed_url",
+    "free_port",
     "plies_command",
     "serve_process",
     "serve_process_sync",
@@ -78,6 +81,20 @@ class ServerProcess(Generic[ProcessT]):
     def pid(self) -> int:
         """The child's process id (its session and process group id too)."""
         return self.process.pid
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now: for a server that must come back at the same
+    URL after a restart. Another process may take it before it is bound again."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def closed_url() -> str:
+    """A loopback URL nothing listens on: a connection to it is refused, which is how a
+    server that is down looks to a client."""
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def plies_command(*args: str) -> list[str]:

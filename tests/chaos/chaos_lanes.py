@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,6 @@ from plies import testing
 READY_TIMEOUT_S = 240.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Lane:
     """One restartable reference server (trainer and sampler in one process)."""
 
@@ -36,7 +29,7 @@ class Lane:
         self.name = name
         self.root = root
         self.state_dir = root / "state"
-        port = free_port()
+        port = testing.free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.argv = testing.plies_command(
             "serve", str(model_dir), "--state-dir", str(self.state_dir), "--port", str(port),

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from demo_runs import records, wait
 
 from plies import PolicyRef
 from plies.recipes.blackjack import BUDGETS
-from plies.testing import plies_command
+from plies.testing import closed_url, plies_command
 from plies.training import tinker_checkpoint
 
 pytest.importorskip("tinker")
@@ -143,9 +142,7 @@ def test_the_default_budget_starts_on_tinker_without_extra_flags(tmp_path):
 def test_a_tinker_service_that_is_down_misnamed_or_asked_for_top_p_is_one_line_and_exit_2(
     tmp_path,
 ):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = closed_url()
     for extra, says in (
         (["--trainer", "tinker", "--tinker-url", closed], "no Tinker service answers"),
         (["--tinker-url", closed], "--tinker-url is the service of --trainer tinker"),

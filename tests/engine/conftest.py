@@ -7,7 +7,6 @@ sets the variable). Without it the tier is skipped; `.ci/run` always sets it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -40,12 +39,6 @@ class VLLMServer:
     log: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def vllm_store(tmp_path_factory) -> PolicyStore:
     """Version 0 = the tiny model, version 1 = the same architecture with other weights."""
@@ -59,7 +52,7 @@ def vllm_store(tmp_path_factory) -> PolicyStore:
 def vllm_server(vllm_store: PolicyStore, tmp_path_factory) -> Iterator[VLLMServer]:
     """vLLM serving store version 0 as `policy-0`, with LoRA and dev-mode endpoints."""
     assert VLLM_PYTHON, "the vllm marker skips these tests without PLIES_VLLM_PYTHON"
-    port = _free_port()
+    port = testing.free_port()
     log = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
     cmd = [
         VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server",

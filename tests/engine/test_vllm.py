@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import anyio
 import httpx
 import pytest
@@ -22,6 +20,7 @@ from plies.policy import (
     unload_lora_adapter,
 )
 from plies.server import weights_digest
+from plies.testing import closed_url
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio, pytest.mark.timeout(900)]
 
@@ -29,13 +28,6 @@ PROMPT = [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198]
 
 
 FAST = RetryPolicy(attempts=2, initial_wait=0.05, max_wait=0.1)
-
-
-def dead_url() -> str:
-    """A loopback URL where nothing listens."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def worst(a, b) -> float:
@@ -174,7 +166,7 @@ async def test_reload_weights_cycle_switches_the_policy_in_place(vllm_server, fo
         # A switch that fails midway (the second engine of the fleet is down) still resumes
         # the engine it paused; the client then refuses to tag answers from weights it
         # cannot name until a policy is registered again.
-        fleet = VLLMClient([vllm_server.url, dead_url()], "policy-0", policy=v0, retry=FAST)
+        fleet = VLLMClient([vllm_server.url, closed_url()], "policy-0", policy=v0, retry=FAST)
         async with fleet:
             with pytest.raises(PolicyUnavailable):
                 await reload_weights(fleet, v1)

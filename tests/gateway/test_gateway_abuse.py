@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from plies.testing import ServerProcess, plies_command, serve_process_sync
+from plies.testing import ServerProcess, closed_url, plies_command, serve_process_sync
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -89,9 +88,7 @@ def test_a_request_the_sampler_refuses_is_400_not_502(gw):
 def test_an_unreachable_sampler_is_a_clear_503_and_the_gateway_stays_up(
     qwen3_tokenizer_dir, tmp_path
 ):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = closed_url()
     for gw in gateway(dead, qwen3_tokenizer_dir, tmp_path / "gw.log", "--model", "policy-0"):
         with session(gw) as (http, headers):
             for _ in range(2):

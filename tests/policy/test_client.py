@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import anyio
@@ -23,19 +22,12 @@ from plies.policy import (
     SGLangClient,
     VLLMClient,
 )
+from plies.testing import closed_url
 
 pytestmark = pytest.mark.anyio
 
 PROMPT = [151644, 872, 198, 9707, 0, 151645, 198, 151644, 77091, 198]
 FAST_RETRY = RetryPolicy(attempts=3, initial_wait=0.05, max_wait=0.2, down_for=0.5)
-
-
-def dead_url() -> str:
-    """A loopback URL where nothing listens: connections are refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 async def stats(url: str) -> dict:
@@ -94,7 +86,7 @@ def test_a_non_finite_logprob_is_refused_before_it_is_recorded(bad):
 
 
 async def test_refused_connections_fail_over_to_a_live_engine(policy_server):
-    dead = dead_url()
+    dead = closed_url()
     async with VLLMClient([dead, policy_server.url], "policy-0", retry=FAST_RETRY) as client:
         sessions = [f"episode-{i}" for i in range(8)]
         for s in sessions:  # some sessions hash to the dead engine first
@@ -105,7 +97,7 @@ async def test_refused_connections_fail_over_to_a_live_engine(policy_server):
 
 
 async def test_no_engine_reachable_is_unavailable_after_bounded_retries():
-    async with VLLMClient([dead_url(), dead_url()], "policy-0", retry=FAST_RETRY) as client:
+    async with VLLMClient([closed_url(), closed_url()], "policy-0", retry=FAST_RETRY) as client:
         start = time.monotonic()
         with pytest.raises(PolicyUnavailable):
             await client.sample(PROMPT, SamplingParams(max_tokens=2))

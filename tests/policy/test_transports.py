@@ -19,6 +19,7 @@ from anyio.abc import SocketAttribute, SocketStream
 
 from plies import ConfigError, PolicyOutcomeUnknown, PolicyResponseError, PolicyUnavailable
 from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
+from plies.testing import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -189,10 +190,7 @@ async def test_what_never_reached_an_engine_is_retried_and_unavailable(engine, t
         with pytest.raises(PolicyUnavailable, match="overloaded"):
             await policy.sample([1], PARAMS)
     assert len(engine.requests) == FAST_RETRY.attempts
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        closed_port = s.getsockname()[1]
-    async with client(closed_port, "ok", transport) as policy:
+    async with client(free_port(), "ok", transport) as policy:
         with pytest.raises(PolicyUnavailable, match="cannot connect"):
             await policy.sample([1], PARAMS)
 

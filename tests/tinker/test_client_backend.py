@@ -56,6 +56,7 @@ from plies.recipes.blackjack.retention import (
     prune_service_policies,
     removed_versions,
 )
+from plies.testing import closed_url
 from plies.training import (
     AdamParams,
     Datum,
@@ -384,9 +385,7 @@ async def test_a_garbage_answer_quarantines_and_nothing_is_sent_again(served, pr
 
 
 async def test_a_service_that_is_down_or_speaks_garbage_fails_in_seconds():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = closed_url()
     t0 = time.monotonic()
     with pytest.raises(TrainingError, match="no Tinker service answers"):
         async with tinker_client(closed):
@@ -481,9 +480,7 @@ async def test_samples_carry_the_policy_of_the_sampler_that_drew_them(served):
 
 async def test_sampling_failures_say_whether_the_request_may_have_run(served, proxy):
     params = SamplingParams(max_tokens=4, seed=1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = closed_url()
     with pytest.raises(PolicyUnavailable, match="no Tinker service answers"):
         async with sampler(closed):
             pass

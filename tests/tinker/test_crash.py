@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import threading
 import time
 from collections import Counter
@@ -37,9 +36,7 @@ class Restartable:
     """One `plies serve --test-faults` on a fixed port and state dir, killed and restarted."""
 
     def __init__(self, model_dir: Path, root: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = testing.free_port()
         self.state_dir = root / "state"
         self.argv = testing.plies_command(
             "serve", str(model_dir), "--state-dir", str(self.state_dir), "--port", str(port),

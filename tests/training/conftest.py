@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from plies.testing import plies_command, serve_process_sync
+from plies.testing import free_port, plies_command, serve_process_sync
 
 
 @dataclass
@@ -34,9 +33,7 @@ class Server:
 @pytest.fixture
 def port() -> int:
     """A free loopback port, so a restarted server comes back at the same URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 @pytest.fixture
