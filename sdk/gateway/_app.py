@@ -305,7 +305,11 @@ class _TurnResponse(Response):
                         on_prompt=on_prompt,
                         branch_name=self.branch,
                         auxiliary=self.dialect.auxiliary,
-                        stream=ReplyStream(emit) if self.dialect.stream else None,
+                        stream=(
+                            ReplyStream(emit, self.dialect.streamed)
+                            if self.dialect.stream
+                            else None
+                        ),
                     )
                     keeper.cancel()
                     async with sending:

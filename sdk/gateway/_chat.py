@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from ._errors import classify, validation_error
 from ._schemas import ChatCompletionRequest, chunk, completion, error_body
 from ._session import PreparedTurn, Session
-from ._stream import TextKind
+from ._stream import TEXT_FIELDS, TextKind
 
 __all__ = ["ChatDialect", "Dialect", "text_pieces"]
 
@@ -34,10 +34,6 @@ TEXT_PIECE_CHARS = 64
 """Characters per text delta of what is sent once the turn is whole."""
 HANDLE_PREFIX = "plies-turn-"
 """How a handle the gateway minted begins (they are looked up whole; this only names them)."""
-_TEXT_FIELDS: tuple[tuple[TextKind, str], ...] = (
-    ("reasoning", "reasoning_content"),
-    ("content", "content"),
-)
 
 
 def text_pieces(text: str) -> list[str]:
@@ -118,7 +114,7 @@ class Dialect:
         if self._handle is not None:
             self.handle(prepared)
         out: list[bytes] = []
-        for kind, field in _TEXT_FIELDS:
+        for kind, field in TEXT_FIELDS.items():
             rest = (prepared.reply.get(field) or "")[len(self.streamed[kind]) :]
             if rest:
                 for piece in text_pieces(rest):

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from ..tokens import ParsedResponse
 
-__all__ = ["HOLD_CHARS", "MIN_STEP", "ReplyStream", "TextKind", "marker_pattern"]
+__all__ = ["TEXT_FIELDS", "ReplyStream", "TextKind", "marker_pattern"]
 
 log = logging.getLogger("plies.gateway")
 
@@ -42,7 +42,8 @@ markers templates write as plain text (`<tool_call>` is 11, `<function=` 10)."""
 MIN_STEP = 8
 """Fewest new ids between two parses of a streamed turn."""
 
-_FIELDS: dict[TextKind, str] = {"reasoning": "reasoning_content", "content": "content"}
+TEXT_FIELDS: dict[TextKind, str] = {"reasoning": "reasoning_content", "content": "content"}
+"""Each kind of streamed text, by the reply field that holds it, in the order a turn has them."""
 
 
 def marker_pattern(tokenizer: Any) -> re.Pattern[str] | None:
@@ -56,10 +57,15 @@ class ReplyStream:
 
     Args:
         emit: sends a piece of reasoning or content to the agent (the dialect's records).
+        sent: what the agent has been sent of each kind so far, kept by the sender (the
+            dialect, which `emit` writes through).
     """
 
-    def __init__(self, emit: Callable[[TextKind, str], Awaitable[None]]):
+    def __init__(
+        self, emit: Callable[[TextKind, str], Awaitable[None]], sent: Mapping[TextKind, str]
+    ):
         self._emit = emit
+        self.sent = sent
         self._parse: Callable[[list[int]], ParsedResponse] | None = None
         self._markers: re.Pattern[str] | None = None
         self._hold = HOLD_CHARS
@@ -67,7 +73,6 @@ class ReplyStream:
         self._ids: list[int] = []
         self._next_parse = MIN_STEP
         self._content_open = True
-        self.sent: dict[TextKind, str] = {"reasoning": "", "content": ""}
 
     def begin(
         self,
@@ -91,7 +96,7 @@ class ReplyStream:
         if parsed.ill_formed:
             return
         if parsed.reasoning and not self.sent["reasoning"] and not self.sent["content"]:
-            await self._send("reasoning", parsed.reasoning)
+            await self._emit("reasoning", parsed.reasoning)
         await self._stream_content(parsed.content)
 
     async def _stream_content(self, content: str) -> None:
@@ -105,15 +110,11 @@ class ReplyStream:
             self._content_open = False  # a reading changed under us: wait for the whole turn
             return
         if len(stable) > len(sent):
-            await self._send("content", stable[len(sent) :])
-
-    async def _send(self, kind: TextKind, text: str) -> None:
-        await self._emit(kind, text)
-        self.sent[kind] += text
+            await self._emit("content", stable[len(sent) :])
 
     def reconcile(self, reply: dict[str, Any]) -> dict[str, Any]:
         """The reply, its text beginning with what was streamed of it."""
-        for kind, field in _FIELDS.items():
+        for kind, field in TEXT_FIELDS.items():
             sent = self.sent[kind]
             if sent and not (reply.get(field) or "").startswith(sent):
                 log.warning(

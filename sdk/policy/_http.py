@@ -107,35 +107,6 @@ def _check_status(url: str, path: str, resp: Reply) -> None:
         )
 
 
-async def _events(
-    reply: StreamReply,
-    url: str,
-    path: str,
-    failure: Any,
-) -> AsyncIterator[Any]:
-    """The `data:` records of a server-sent event stream, decoded, up to `[DONE]`.
-
-    A stream that ends without `[DONE]`, or a record that is not JSON, is an answer that
-    stopped midway: the request ran, its outcome is unknown.
-    """
-    try:
-        async for line in reply.lines():
-            if not line.startswith(b"data:"):
-                continue  # event names, comments (keepalives), blank separators
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                return
-            try:
-                yield json.loads(data)
-            except ValueError as e:
-                raise PolicyOutcomeUnknown(
-                    f"{url}{path} streamed a record that is not JSON: {data[:200]!r}", url=url
-                ) from e
-    except TransportFailure as e:
-        raise failure(url, path, e) from e.__cause__
-    raise PolicyOutcomeUnknown(f"{url}{path} ended its stream before [DONE]", url=url)
-
-
 def _error_message(resp: Reply) -> str:
     try:
         body = resp.json()
@@ -332,7 +303,31 @@ class HTTPPolicyClient(AsyncLifecycle):
                     url = await self._choose(session)
                     opened = self._open_stream(url, path, payload, session)
                     reply = await stack.enter_async_context(opened)
-            yield _events(reply, url, path, self._failure)
+            yield self._events(reply, url, path)
+
+    async def _events(self, reply: StreamReply, url: str, path: str) -> AsyncIterator[Any]:
+        """The `data:` records of a server-sent event stream, decoded, up to `[DONE]`.
+
+        A stream that ends without `[DONE]`, or a record that is not JSON, is an answer that
+        stopped midway: the request ran, its outcome is unknown.
+        """
+        try:
+            async for line in reply.lines():
+                if not line.startswith(b"data:"):
+                    continue  # event names, comments (keepalives), blank separators
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                try:
+                    yield json.loads(data)
+                except ValueError as e:
+                    raise PolicyOutcomeUnknown(
+                        f"{url}{path} streamed a record that is not JSON: {data[:200]!r}",
+                        url=url,
+                    ) from e
+        except TransportFailure as e:
+            raise self._failure(url, path, e) from e.__cause__
+        raise PolicyOutcomeUnknown(f"{url}{path} ended its stream before [DONE]", url=url)
 
     @asynccontextmanager
     async def _open_stream(

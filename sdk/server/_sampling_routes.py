@@ -111,18 +111,18 @@ class _StreamedCompletion(Response):
 
     The stream opens with the first sampled tokens, so a request the engine refuses (an
     unknown policy, a prompt too long) still gets its HTTP error. A client that leaves
-    cancels the request as `_unless_client_leaves` does.
+    cancels the request (`_unless_client_leaves`).
     """
 
-    def __init__(self, engine: Any, tokenizer: Any, body: CompletionRequest, params: Any):
-        self.engine = engine
-        self.tokenizer = tokenizer
+    def __init__(self, request: Request, body: CompletionRequest, params: GenerateParams):
+        self.request = request
         self.body = body
         self.params = params
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body, tok = self.body, self.tokenizer
+        body, state = self.body, server_state(self.request)
+        tok = state.tokenizer
         envelope = _envelope(body)
         text = DecodeStream(skip_special_tokens=body.skip_special_tokens)
         started = False
@@ -141,29 +141,15 @@ class _StreamedCompletion(Response):
             choice = _choice(body, tok, "".join(p for p in pieces if p), ids, logprobs)
             await emit({**envelope, "choices": [choice]})
 
-        async with anyio.create_task_group() as tg:
-
-            async def watch() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch)
-            result = await self.engine.generate(
-                body.model, body.prompt, self.params, on_tokens=on_tokens
-            )
-            last = _choice(body, tok, "", [], [])
-            last |= {"finish_reason": result.finish_reason, "stop_reason": result.stop_reason}
-            final = {
-                **envelope,
-                "choices": [last],
-                "plies_policy": result.policy.model_dump(mode="json"),
-            }
-            await emit(final)
-            await send(
-                {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
-            )
-            tg.cancel_scope.cancel()
+        work = state.engine.generate(body.model, body.prompt, self.params, on_tokens=on_tokens)
+        result = await _unless_client_leaves(self.request, work)
+        if result is None:
+            return
+        last = _choice(body, tok, "", [], [])
+        last |= {"finish_reason": result.finish_reason, "stop_reason": result.stop_reason}
+        policy = result.policy.model_dump(mode="json")
+        await emit({**envelope, "choices": [last], "plies_policy": policy})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
 def sampling_router() -> APIRouter:
@@ -197,7 +183,7 @@ def sampling_router() -> APIRouter:
         )
         if body.stream:
             state.engine.check(body.model, body.prompt, params)
-            return _StreamedCompletion(state.engine, state.tokenizer, body, params)
+            return _StreamedCompletion(request, body, params)
         result = await _unless_client_leaves(
             request, state.engine.generate(body.model, body.prompt, params)
         )
