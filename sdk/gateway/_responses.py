@@ -427,7 +427,7 @@ class ResponsesDialect(Dialect):
         }
 
     def _at(self, kind: TextKind) -> dict[str, Any]:
-        item_id = self._text_item(kind)["id"]
+        item_id = REASONING_ID_PREFIX + self.handle() if kind == "reasoning" else self.message_id
         index = "summary_index" if kind == "reasoning" else "content_index"
         return {"output_index": self._index, "item_id": item_id, index: 0}
 
