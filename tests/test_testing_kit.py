@@ -21,6 +21,7 @@ import pytest
 from plies import PliesError
 from plies.testing import (
     plies_command,
+    process_alive,
     serve_process,
     serve_process_sync,
     spawn_server,
@@ -182,19 +183,10 @@ def test_a_server_outlives_no_parent_killed_outright(tiny_model_dir, tmp_path):
         parent.kill()
         parent.wait()
     deadline = time.monotonic() + 30
-    while _alive(server_pid) and time.monotonic() < deadline:
+    while process_alive(server_pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    alive = _alive(server_pid)
+    alive = process_alive(server_pid)
     if alive:
         os.kill(server_pid, 9)
     assert not alive, (tmp_path / "serve.log").read_text()[-2000:]
     assert "is gone; shutting down" in (tmp_path / "serve.log").read_text()
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` still runs (an exited child of init is reaped at once)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"

@@ -12,12 +12,14 @@
   spells `python -m plies ...` for this interpreter; `free_port` and `closed_url` name a
   loopback port to bind and a URL where nothing answers.
 - `sandbox_processes`: the processes still labelled with a sandbox under a directory, the
-  leak check after an episode or a Ctrl-C.
+  leak check after an episode or a Ctrl-C; `process_alive`: whether one pid still runs (a
+  zombie does not).
 
 It imports only the low layers, so users test their own envs against real servers the same
 way plies tests itself.
 """
 
+from ._leaks import process_alive as process_alive
 from ._leaks import sandbox_processes as sandbox_processes
 from ._models import DEFAULT_MAX_POSITIONS as DEFAULT_MAX_POSITIONS
 from ._models import FIRST_ADDED_ID as FIRST_ADDED_ID
@@ -63,6 +65,7 @@ __all__ = [
     "free_port",
     "kit_dir",
     "plies_command",
+    "process_alive",
     "qwen3_tokenizer_dir",
     "render_completion",
     "sandbox_processes",

@@ -1,4 +1,4 @@
-"""Leak checks: which processes still belong to a sandbox, read from /proc."""
+"""Leak checks: whether a process still runs, which still belong to a sandbox, read from /proc."""
 
 from __future__ import annotations
 
@@ -22,3 +22,16 @@ def sandbox_processes(root: Path) -> list[int]:
             if any(v.startswith(needle) for v in environ.split(b"\0")):
                 found.append(int(entry.name))
     return found
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie.
+
+    A killed child stays in the process table as a zombie until its parent reaps it, so
+    `os.kill(pid, 0)` still succeeds on it; a leak check must count it as gone.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the command name

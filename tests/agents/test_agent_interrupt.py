@@ -30,6 +30,7 @@ import pytest
 from agent_kit import AGENTS, agent_installed
 
 from plies.runtime import read_report
+from plies.testing import process_alive
 
 HERE = Path(__file__).parent
 PLANS = [(2, "workspace"), (3, "workspace"), (2, "harbor"), (3, "mcp")]
@@ -45,14 +46,6 @@ def _environ(pid: int) -> list[bytes]:
         return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _describe(pid: int) -> str:
@@ -97,7 +90,9 @@ def _in_sandboxes(root: Path) -> set[int]:
     return {
         pid
         for pid in _pids()
-        if pid != os.getpid() and _alive(pid) and any(v.startswith(prefix) for v in _environ(pid))
+        if pid != os.getpid()
+        and process_alive(pid)
+        and any(v.startswith(prefix) for v in _environ(pid))
     }
 
 
@@ -219,7 +214,7 @@ def interrupt_and_check(
         )
         assert reap.returncode == 0, reap.stdout + reap.stderr
         time.sleep(0.5)
-    survivors = {pid: _describe(pid) for pid in seen if _alive(pid)}
+    survivors = {pid: _describe(pid) for pid in seen if process_alive(pid)}
     assert not survivors, (survivors, err[-2000:])
     assert not _in_sandboxes(sandboxes)
     assert not sandboxes.exists() or not list(sandboxes.iterdir())

@@ -94,7 +94,7 @@ def run_trial(p: Plan, lane: Lane, root: Path, python: str) -> Result:
                 result.fail("exit", f"first run never got ready:\n{first.err[-2000:]}")
             else:
                 result.landed = inject(p, first, lane, sandboxes)
-            code = first.finish(RUN_TIMEOUT_S)
+            code, _ = first.finish(RUN_TIMEOUT_S)
             restarted = lane.pids[len(pids_before) :]
             killed_pids = [pids_before[-1], *restarted[:-1]] if restarted else []
             if engine is not None and engine.injected:
@@ -114,7 +114,7 @@ def run_trial(p: Plan, lane: Lane, root: Path, python: str) -> Result:
         config = {**common, "sampler": lane.url, "steps": RESUMED_STEPS, "attempt": 2}
         second = LoopRun(run_dir, config)
         runs.append(second)
-        code = second.finish(RUN_TIMEOUT_S)
+        code, _ = second.finish(RUN_TIMEOUT_S)
         check_exit(result, second, code, first=False)
         check_run(result, second, run_dir, sandboxes, before=[g.id for g in after_first], attempt=2)
         check_resume(result, second, run_dir, base, log_first, lane)

@@ -13,26 +13,18 @@ import pytest
 
 from plies import ConfigError, SandboxError
 from plies.environments import LocalProcessBackend, Sandbox, SandboxBackend, reap_sandbox
+from plies.testing import process_alive
 
 pytestmark = pytest.mark.anyio
 
 PY = sys.executable
 
 
-def alive(pid: int) -> bool:
-    """A pid is alive if it exists and is not a zombie waiting to be reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 async def wait_dead(pid: int, within_s: float = 5.0) -> bool:
     with anyio.move_on_after(within_s):
-        while alive(pid):
+        while process_alive(pid):
             await anyio.sleep(0.02)
-    return not alive(pid)
+    return not process_alive(pid)
 
 
 async def test_files_commands_and_the_environment_allow_list(tmp_path, monkeypatch):
@@ -120,7 +112,7 @@ async def test_reap_by_id_kills_escaped_processes_and_removes_the_directory(tmp_
     )
     result = await sandbox.run([PY, "-c", daemon], timeout_s=20)
     pid = int(result.stdout)
-    assert alive(pid)  # it left its process group and its directory; the label stays
+    assert process_alive(pid)  # it left its process group and its directory; the label stays
     assert await reap_sandbox("local-sandbox", sandbox.id) is True
     assert await wait_dead(pid)
     assert not Path(sandbox.id).exists()

@@ -9,14 +9,14 @@ what a run left behind (`session_processes`) and stops it (`end_sessions`). `Scr
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+from event_script import EventScript
 
 SCRIPT = Path(__file__).parent / "sharded_script.py"
 
@@ -60,56 +60,23 @@ def end_sessions(sids: list[int], grace: float = 2.0) -> list[str]:
     return left
 
 
-class Script:
+class Script(EventScript):
     """One run of `sharded_script.py` in a session of its own, its stdout events collected
-    as they come. `args` follow RUN_DIR POLICY_URL SEED (see the script)."""
+    as they come (Ray's own lines in `noise`). `args` follow RUN_DIR POLICY_URL SEED (see
+    the script)."""
 
     def __init__(self, run_dir: Path, policy_url: str, seed: int, *args: str):
         env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-        self.proc = subprocess.Popen(
+        super().__init__(
             [sys.executable, str(SCRIPT), str(run_dir), policy_url, str(seed), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
             cwd=run_dir,
             env=env,
             start_new_session=True,
         )
-        self.events: list[dict] = []
-        self.stderr: list[str] = []
-        self.ready = threading.Event()
-        self._readers = [
-            threading.Thread(target=self._read, daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # Ray's own lines
-            self.events.append(event)
-            if event["event"] == "ready":
-                self.ready.set()
-
-    def _read_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        self.stderr.extend(self.proc.stderr)
+    def kill(self) -> None:
+        """Kill the whole session: the script and the Ray processes it started."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
 
     def ids(self, event: str) -> set[str]:
-        return {e["id"] for e in self.events if e["event"] == event}
-
-    def finish(self, timeout: float) -> tuple[int, str]:
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            for reader in self._readers:
-                reader.join(timeout=10)
-        return self.proc.returncode, "".join(self.stderr)
+        return {e["id"] for e in self.all(event)}

@@ -7,28 +7,11 @@ import io
 
 import anyio
 import pytest
+from free_env import REF, make, quick
 from rich.console import Console
 
-from plies import PolicyRef
 from plies.rl import RunProgress
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
-
-REF = PolicyRef(uri="plies://test/policies/0", version=0)
-
-
-class Thing:
-    async def aclose(self) -> None:
-        await anyio.lowlevel.checkpoint()
-
-
-async def make() -> Thing:
-    return Thing()
-
-
-async def episode(ctx):
-    async with ctx.borrow("env"):
-        await anyio.sleep(0.01)
-    return ctx.trajectory
 
 
 def test_in_a_log_a_phase_prints_a_line_each_tenth_with_its_eta():
@@ -55,7 +38,7 @@ async def test_on_a_terminal_the_bar_shows_the_driver_and_an_error_passes_throug
     console = Console(file=out, force_terminal=True, color_system=None, width=160)
     async with (
         RolloutResources(pools=[EnvPool(make)]) as res,
-        RolloutDriver(res, episode, policy=REF) as driver,
+        RolloutDriver(res, quick, policy=REF) as driver,
     ):
         with (
             RunProgress(console) as progress,

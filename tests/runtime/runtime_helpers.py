@@ -45,15 +45,6 @@ async def spawn_op_server(on_spawn: Callable[[int], None] | None = None) -> OpPr
     return OpProcess(server)
 
 
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def kill_group(pid: int) -> None:
     """Last-resort cleanup for a test that failed half way."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -8,9 +8,10 @@ import itertools
 import anyio
 import pytest
 from anyio import WouldBlock
+from free_env import REF, make, quick
 from rich.console import Console
 
-from plies import AdmissionClosed, ConfigError, Group, PolicyRef, Status, Trajectory, Turn
+from plies import AdmissionClosed, ConfigError, Group, Status, Trajectory, Turn
 from plies.runtime import (
     EnvPool,
     GroupSpec,
@@ -21,23 +22,6 @@ from plies.runtime import (
     read_groups,
     read_jsonl,
 )
-
-REF = PolicyRef(uri="plies://test/policies/0", version=0)
-
-
-class Thing:
-    async def aclose(self) -> None:
-        await anyio.lowlevel.checkpoint()
-
-
-async def make() -> Thing:
-    return Thing()
-
-
-async def quick(ctx):
-    async with ctx.borrow("env"):
-        await anyio.sleep(0.01)
-    return ctx.trajectory
 
 
 @pytest.mark.anyio

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from free_env import REF
+from free_env import make as quiet
 
-from plies import PolicyRef, Status
+from plies import Status
 from plies.runtime import (
     EnvPool,
     GroupSpec,
@@ -29,7 +31,6 @@ from plies.runtime import (
 
 pytestmark = pytest.mark.anyio
 
-REF = PolicyRef(uri="plies://test/policies/0", version=0)
 QUARANTINES = 1024
 STALL_BOUND = 0.050
 ATTEMPTS = 3
@@ -113,15 +114,6 @@ async def test_a_burst_of_1024_quarantines_never_stalls_the_loop(tmp_path):
         if stalls[-1] < STALL_BOUND:
             break
     assert min(stalls) < STALL_BOUND, f"worst loop stalls {stalls} s"
-
-
-class Quiet:
-    async def aclose(self) -> None:
-        await anyio.lowlevel.checkpoint()
-
-
-async def quiet() -> Quiet:
-    return Quiet()
 
 
 async def burst_of_groups(path: Path) -> float:

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server, take
+from runtime_helpers import OpProcess, kill_group, spawn_op_server, take
 
 from plies import LeaseError, PolicyRef, Status, Trajectory, UsageError
 from plies.runtime import (
@@ -24,6 +24,7 @@ from plies.runtime import (
     SettleWatch,
     read_report,
 )
+from plies.testing import process_alive
 
 pytestmark = pytest.mark.anyio
 
@@ -85,8 +86,8 @@ async def test_cancel_in_flight_operation_settles_or_quarantines(tmp_path, share
         assert entry.kind == "process" and entry.remote_id == spawned["slow"].remote_id
         # The background teardown retry terminated the quarantined process.
         assert entry.torn_down and entry.teardown_attempts >= 1
-        assert not alive(spawned["slow"].pid)
-        assert not alive(spawned["quick"].pid)
+        assert not process_alive(spawned["slow"].pid)
+        assert not process_alive(spawned["quick"].pid)
     finally:
         for proc in spawned.values():
             kill_group(proc.pid)
@@ -195,8 +196,8 @@ async def test_hanging_teardown_is_quarantined_and_the_run_goes_on(tmp_path):
         assert entry.remote_id == made[0].remote_id
         assert entry.reason == "teardown timed out after 0.5s"
         assert entry.may_exist and entry.teardown_attempts == 1
-        assert alive(made[0].pid)
-        assert not any(alive(p.pid) for p in made[1:])
+        assert process_alive(made[0].pid)
+        assert not any(process_alive(p.pid) for p in made[1:])
 
         reap = subprocess.run(
             [PLIES, "reap", str(report_path)],
@@ -206,7 +207,7 @@ async def test_hanging_teardown_is_quarantined_and_the_run_goes_on(tmp_path):
         )
         assert reap.returncode == 0, reap.stdout + reap.stderr
         assert f"killed   process {made[0].remote_id}" in reap.stdout
-        assert not alive(made[0].pid)
+        assert not process_alive(made[0].pid)
         await made[0].process.aclose()
         after = read_report(report_path)
         assert after.entries[0].torn_down and after.entries[0].reaped_at is not None
@@ -341,14 +342,14 @@ async def test_every_remote_thing_a_quarantined_resource_holds_is_reported_and_r
         assert (entry.kind, entry.remote_id) == ("process", made[0].remote_id)
         assert [(ref.kind, ref.id) for ref in entry.also_held] == [("process", made[1].remote_id)]
         assert lease.also_held == entry.also_held  # what the driver copies to the trajectory
-        assert all(alive(part.pid) for part in made)
+        assert all(process_alive(part.pid) for part in made)
 
         reap = subprocess.run(
             [PLIES, "reap", str(report_path)], capture_output=True, text=True, timeout=60
         )
         assert reap.returncode == 0, reap.stdout + reap.stderr
         assert reap.stdout.count("killed   process") == 2, reap.stdout
-        assert not any(alive(part.pid) for part in made)
+        assert not any(process_alive(part.pid) for part in made)
         assert read_report(report_path).may_exist == []
     finally:
         for part in made:

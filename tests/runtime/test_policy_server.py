@@ -7,12 +7,12 @@ import signal
 import anyio
 import httpx
 import pytest
-from runtime_helpers import OpProcess, alive, kill_group, spawn_op_server, take
+from runtime_helpers import OpProcess, kill_group, spawn_op_server, take
 
 from plies import PolicyRef, Status, Turn
 from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
-from plies.testing import plies_command, serve_process_sync
+from plies.testing import plies_command, process_alive, serve_process_sync
 from plies.tokens import PromptDelta
 
 
@@ -79,7 +79,7 @@ async def test_killing_the_policy_server_fails_episodes_with_a_typed_error(polic
             leases = res.statistics()
             assert leases.borrowed == 4 and leases.released == 4 and leases.quarantined == 0
             assert leases.balanced and leases.live == 0
-        assert not any(alive(p.pid) for p in made)
+        assert not any(process_alive(p.pid) for p in made)
     finally:
         for proc in made:
             kill_group(proc.pid)

@@ -10,22 +10,21 @@ report no child process is left.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from runtime_helpers import alive, kill_group
+from event_script import EventScript
+from runtime_helpers import kill_group
 
 from plies import Status
 from plies.runtime import read_groups, read_report
-from plies.testing import serve_process_sync
+from plies.testing import process_alive, serve_process_sync
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "signal_script.py"
@@ -43,63 +42,24 @@ def policy_url(tmp_path_factory):
         yield server.url
 
 
-class Script:
+class Script(EventScript):
     """One run of the signal script, its stdout events collected as they come."""
 
     def __init__(self, run_dir: Path, policy_url: str, seed: int, max_tasks: int | None = None):
         args = [sys.executable, str(SCRIPT), str(run_dir), policy_url, str(seed)]
         if max_tasks is not None:
             args.append(str(max_tasks))
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        self.events: list[dict] = []
-        self.noise: list[str] = []
-        self.stderr: list[str] = []
-        self.ready = threading.Event()
-        self._readers = [
-            threading.Thread(target=self._read, daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    def _read_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        self.stderr.extend(self.proc.stderr)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                self.noise.append(line)
-                continue
-            self.events.append(event)
-            if event["event"] == "ready":
-                self.ready.set()
-
-    def finish(self, timeout: float) -> tuple[int, str]:
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            for reader in self._readers:
-                reader.join(timeout=10)
-        return self.proc.returncode, "".join(self.stderr)
+        super().__init__(args)
 
     def pids(self, event: str) -> set[int]:
-        return {e["pid"] for e in self.events if e["event"] == event}
+        return {e["pid"] for e in self.all(event)}
 
     def finished(self) -> bool:
         """The script printed its last event (`stats`): what follows is only its exit."""
-        return any(e["event"] == "stats" for e in self.events)
+        return bool(self.all("stats"))
 
     def group_ids(self) -> set[str]:
-        return {e["id"] for e in self.events if e["event"] == "group"}
+        return {e["id"] for e in self.all("group")}
 
 
 def one_run(run_dir: Path, policy_url: str, seed: int, signals: tuple[int, ...]) -> None:
@@ -183,7 +143,7 @@ def one_run(run_dir: Path, policy_url: str, seed: int, signals: tuple[int, ...])
             }, context
 
         # What is still running is exactly what the report says may exist; reap ends it.
-        still = {pid for pid in spawned if alive(pid)}
+        still = {pid for pid in spawned if process_alive(pid)}
         may_exist = {int(e.remote_id.split("@")[0]) for e in report.may_exist if e.remote_id}
         assert still <= may_exist, context
         if report.may_exist:
@@ -198,9 +158,9 @@ def one_run(run_dir: Path, policy_url: str, seed: int, signals: tuple[int, ...])
             assert reap.returncode == (1 if "skipped" in outcomes else 0), reap.stdout
             assert "failed" not in outcomes, context + reap.stdout + reap.stderr
         deadline = time.monotonic() + 5
-        while any(alive(pid) for pid in spawned) and time.monotonic() < deadline:
+        while any(process_alive(pid) for pid in spawned) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(alive(pid) for pid in spawned), context
+        assert not any(process_alive(pid) for pid in spawned), context
     finally:
         if script.proc.poll() is None:
             script.proc.kill()

@@ -19,17 +19,9 @@ from plies.runtime import (
     read_report,
     reap_process,
 )
-from plies.testing import plies_command
+from plies.testing import plies_command, process_alive
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture
@@ -65,7 +57,7 @@ def report_of(path: Path, *remote_ids: str) -> Path:
 async def test_a_bare_pid_is_refused(leader):
     with pytest.raises(ConfigError, match="is not 'pid@starttime'"):
         await reap_process(str(leader.pid))
-    assert alive(leader.pid)
+    assert process_alive(leader.pid)
 
 
 @pytest.mark.anyio
@@ -83,7 +75,7 @@ async def test_the_reapers_own_group_is_never_signalled():
 async def test_a_pid_that_does_not_lead_its_group_is_left_alone(follower):
     with pytest.raises(ConfigError, match="no longer leads its process group"):
         await reap_process(process_remote_id(follower.pid))
-    assert alive(follower.pid)
+    assert process_alive(follower.pid)
 
 
 @pytest.mark.anyio
@@ -91,10 +83,10 @@ async def test_a_recycled_pid_is_gone_not_killed(leader):
     pid = leader.pid
     start = process_remote_id(pid).split("@")[1]
     assert await reap_process(f"{pid}@{int(start) + 1}") is False
-    assert alive(pid)
+    assert process_alive(pid)
     assert await reap_process(f"{pid}@{start}") is True
     leader.wait(timeout=10)
-    assert not alive(pid)
+    assert not process_alive(pid)
 
 
 def test_plies_reap_kills_only_what_carries_the_marks(tmp_path, leader, follower):
@@ -115,6 +107,6 @@ def test_plies_reap_kills_only_what_carries_the_marks(tmp_path, leader, follower
     assert lines[2].startswith("failed") and "no longer leads" in lines[2], done.stdout
     leader.wait(timeout=10)
     time.sleep(0.2)
-    assert alive(follower.pid)
+    assert process_alive(follower.pid)
     marks = [e.torn_down for e in read_report(report).entries]
     assert marks == [True, False, False]

@@ -1,0 +1,102 @@
+"""A test script run as a real child process that reports on stdout, one JSON event a line.
+
+The signal, chaos and Ray tests each drive such a script and read its events while it runs
+(to know when to press Ctrl-C, or what it had done before a fault), so the reading lives here
+once: a reader thread for stdout and one for stderr, so that neither pipe fills up and stalls
+the child. Each test subclasses `EventScript` for its script's arguments and events.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Event = dict[str, Any]
+
+
+class EventScript:
+    """`argv` running as a child; its stdout events in `events` (lines that are not JSON in
+    `noise`), its stderr lines in `stderr`, `ready` set by its `ready` event."""
+
+    def __init__(self, argv: Sequence[str], **popen: Any):
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+        )
+        self.events: list[Event] = []
+        self.noise: list[str] = []
+        self.stderr: list[str] = []
+        self.ready = threading.Event()
+        self._changed = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._read_events, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_events(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                self.noise.append(line)
+                continue
+            with self._changed:
+                self.events.append(event)
+                self._changed.notify_all()
+            if event["event"] == "ready":
+                self.ready.set()
+        with self._changed:
+            self._changed.notify_all()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr.extend(self.proc.stderr)
+
+    def wait_for(self, match: Callable[[Event], bool], timeout: float) -> Event | None:
+        """The first event that matches, waiting up to `timeout`; None if the run ended first."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._changed:
+            while True:
+                for event in self.events[seen:]:
+                    if match(event):
+                        return event
+                seen = len(self.events)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._readers[0].is_alive()):
+                    return None
+                self._changed.wait(min(left, 0.2))
+
+    def all(self, name: str) -> list[Event]:
+        """Every event called `name`, in the order printed."""
+        return [e for e in self.events if e["event"] == name]
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        """Wait up to `timeout` for the exit; the exit code and the whole stderr.
+
+        A script still running then is killed (`kill`) and says so at the end of its stderr,
+        so the caller's check of the exit code fails with the reason in its message.
+        """
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.proc.wait()
+            self.stderr.append(f"[test] the script did not exit within {timeout:g}s; killed\n")
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return self.proc.returncode, self.err
+
+    def kill(self) -> None:
+        """Stop a script that outlived its `finish` timeout."""
+        self.proc.kill()
+
+    @property
+    def err(self) -> str:
+        return "".join(self.stderr)
