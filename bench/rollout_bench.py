@@ -61,23 +61,30 @@ from typing import Annotated, Any
 
 import anyio
 import trl
+from bench_kit import (
+    add_load_arguments,
+    bare_episode,
+    check_completed,
+    drive_until,
+    nothing,
+    with_task,
+)
 from pydantic import Field
 from transformers import AutoTokenizer
 
-from plies import PolicyRef, Turn
+from plies import Group, PolicyRef, Turn
 from plies.environments import Env, Observation, Task, ToolResult, tool
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import Completion, SamplingParams
 from plies.runtime import (
     EnvPool,
     EpisodeContext,
-    GroupSpec,
     JsonlSink,
     RolloutDriver,
     RolloutResources,
 )
 from plies.testing import qwen3_tokenizer_dir
-from plies.tokens import ChatRenderer, Conversation, PromptDelta
+from plies.tokens import ChatRenderer, Conversation
 
 REF = PolicyRef(uri="plies://bench/policies/0", version=0)
 SYSTEM = "You are a counter. Call the advance tool until the counter reaches the goal."
@@ -358,29 +365,14 @@ async def measure(
     turns = setup.turns
     params = SamplingParams(max_tokens=32)
 
-    class Nothing:
-        async def aclose(self) -> None:
-            await anyio.lowlevel.checkpoint()
-
-    async def nothing() -> Nothing:
-        return Nothing()
-
-    async def bare(ctx: EpisodeContext):
-        prompt = [1, 2, 3, 4]
-        async with ctx.borrow("env") as lease:
-            for k in range(turns):
-                async with lease.operation("sample"):
-                    c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
-                ctx.add_turn(Turn.from_completion(PromptDelta(prompt if k == 0 else [5], k > 0), c))
-        return ctx.trajectory
-
     async def make_env() -> CounterEnv:
         return CounterEnv(goal=turns, distinct=setup.distinct)
 
     with tempfile.TemporaryDirectory() as tmp:
         renderer = None
         if path == "bare":
-            episode, pool, sink_path, report = bare, EnvPool(nothing, limit=concurrency), None, None
+            episode, pool = bare_episode(turns, params), EnvPool(nothing, limit=concurrency)
+            sink_path, report = None, None
         else:
             renderer = ChatRenderer(setup.tok)
             harness = ToolCallingHarness(
@@ -430,23 +422,13 @@ async def measure(
                                 stall[0] = max(stall[0], late)
                                 stall[1] = max(stall[1], late_cpu)
 
-                    async def admit() -> None:
-                        i = 0
-                        while time.perf_counter() < t_b:
-                            await d.admit(GroupSpec(f"t{i}", task=Task(id=f"t{i}")))
-                            i += 1
-                        d.close_admission()
+                    def completed(group: Group) -> None:
+                        nonlocal fallbacks, later
+                        traj = check_completed(group, turns)
+                        fallbacks += sum(t.fallback is not None for t in traj.turns[1:])
+                        later += sum(t.extends for t in traj.turns[1:])
 
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(clock)
-                        tg.start_soon(probe)
-                        tg.start_soon(admit)
-                        async for group in d.groups():
-                            traj = group.trajectories[0]
-                            assert traj.status.value == "completed", traj.error
-                            assert len(traj.turns) == turns, len(traj.turns)
-                            fallbacks += sum(t.fallback is not None for t in traj.turns[1:])
-                            later += sum(t.extends for t in traj.turns[1:])
+                    await drive_until(d, t_b, completed, clock, probe, spec=with_task)
                     done = d.statistics()
                 assert done.leases.balanced and done.leases.released == done.settled_total
         finally:
@@ -497,15 +479,14 @@ def load_setup(args: argparse.Namespace) -> Setup:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--latency", type=float, default=0.1, help="policy latency L, s")
-    parser.add_argument(
-        "--concurrency", type=int, nargs="+", default=[32, 256, 1024], help="values of C"
+    add_load_arguments(
+        parser,
+        latency="policy",
+        concurrency=[32, 256, 1024],
+        turns=8,
+        warmup=None,
+        warmup_help="seconds before the window (default: 1.5 + C/512)",
     )
-    parser.add_argument("--turns", type=int, default=8, help="turns per episode")
-    parser.add_argument(
-        "--warmup", type=float, help="seconds before the window (default: 1.5 + C/512)"
-    )
-    parser.add_argument("--window", type=float, default=4.0, help="seconds measured")
     parser.add_argument("--template", default="qwen3_training", help="a TRL template name")
     parser.add_argument(
         "--distinct",

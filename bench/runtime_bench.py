@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from bench_kit import add_load_arguments, bare_episode, drive_until, nothing
+
 STANDIN_TOKENS = 8
 CLIENTS = {
     "raw": "a minimal HTTP/1.1 client (bench only)",
@@ -220,34 +222,15 @@ async def measure(
     """
     import anyio
 
-    from plies import PolicyRef, Turn
+    from plies import Group, PolicyRef
     from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
-    from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
-    from plies.tokens import PromptDelta
+    from plies.runtime import EnvPool, RolloutDriver, RolloutResources
 
     ref = PolicyRef(uri="plies://bench/policies/0", version=0)
     params = SamplingParams(max_tokens=STANDIN_TOKENS)
     host, port = url.removeprefix("http://").split(":")
     recorded: list[float] = []
-
-    class Nothing:
-        """The env resource: free to create, so the pool's bookkeeping is what is measured."""
-
-        async def aclose(self) -> None:
-            await anyio.lowlevel.checkpoint()
-
-    async def nothing() -> Nothing:
-        return Nothing()
-
-    async def episode(ctx):
-        prompt = [1, 2, 3, 4]
-        async with ctx.borrow("env") as lease:
-            for k in range(turns):
-                async with lease.operation("sample"):
-                    c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
-                ctx.add_turn(Turn.from_completion(PromptDelta(prompt if k == 0 else [5], k > 0), c))
-                recorded.append(time.perf_counter())
-        return ctx.trajectory
+    episode = bare_episode(turns, params, recorded)
 
     if client_kind == "raw":
         client = RawClient(host, int(port))
@@ -278,22 +261,13 @@ async def measure(
                 await anyio.sleep(t - time.perf_counter())
                 cpu.append(time.process_time())
 
+        def settled(group: Group) -> None:
+            trajectory = group.trajectories[0]
+            if trajectory.status.value != "completed":
+                failed.append(trajectory.error or trajectory.status.value)
+
         async with RolloutDriver(res, episode, policy=ref, max_groups_in_flight=concurrency) as d:
-
-            async def admit() -> None:
-                i = 0
-                while time.perf_counter() < t_b:
-                    await d.admit(GroupSpec(f"t{i}"))
-                    i += 1
-                d.close_admission()
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(clock)
-                tg.start_soon(admit)
-                async for group in d.groups():
-                    trajectory = group.trajectories[0]
-                    if trajectory.status.value != "completed":
-                        failed.append(trajectory.error or trajectory.status.value)
+            await drive_until(d, t_b, settled, clock)
             done = d.statistics()
         assert done.leases.balanced and done.leases.released == done.settled_total, done
     if gc_freeze:
@@ -304,13 +278,9 @@ async def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--latency", type=float, default=0.1, help="stand-in latency L, s")
-    parser.add_argument(
-        "--concurrency", type=int, nargs="+", default=[256, 1024, 4096], help="values of C"
+    add_load_arguments(
+        parser, latency="stand-in", concurrency=[256, 1024, 4096], turns=10, warmup=1.0
     )
-    parser.add_argument("--turns", type=int, default=10, help="turns per episode")
-    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before the window")
-    parser.add_argument("--window", type=float, default=4.0, help="seconds measured")
     parser.add_argument(
         "--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS), help="clients"
     )

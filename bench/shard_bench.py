@@ -49,12 +49,12 @@ import anyio
 sys.path.insert(0, str(Path(__file__).parent))  # rollout_bench; Ray workers get it too
 
 import rollout_bench
+from bench_kit import check_completed, drive_until, with_task
 from rollout_bench import REF, SYSTEM, CounterEnv, ScriptedPolicy
 
-from plies.environments import Task
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import SamplingParams
-from plies.runtime import EnvPool, GroupSpec, JsonlSink, ShardedDriver, ShardSetup
+from plies.runtime import EnvPool, JsonlSink, ShardedDriver, ShardSetup
 from plies.tokens import ChatRenderer
 
 
@@ -108,20 +108,9 @@ async def measure_sharded(
                     head.append(time.process_time())
                     cpu.append(shards_cpu)
 
-            async def admit() -> None:
-                i = 0
-                while time.perf_counter() < t_b:
-                    await d.admit(GroupSpec(f"t{i}", task=Task(id=f"t{i}")))
-                    i += 1
-                d.close_admission()
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(clock)
-                tg.start_soon(admit)
-                async for group in d.groups():
-                    traj = group.trajectories[0]
-                    assert traj.status.value == "completed", traj.error
-                    assert len(traj.turns) == setup.turns, len(traj.turns)
+            await drive_until(
+                d, t_b, partial(check_completed, turns=setup.turns), clock, spec=with_task
+            )
             done = d.statistics()
         assert done.leases.balanced and done.leases.released == done.settled_total
     return marks[1] - marks[0], t_b - t_a, head[1] - head[0], cpu[1] - cpu[0]

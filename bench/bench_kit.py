@@ -1,0 +1,123 @@
+"""What the rollout benches share: their load arguments, the bare episode, the admission loop.
+
+`runtime_bench.py`, `rollout_bench.py` and `shard_bench.py` all keep C episodes in flight
+for a warm-up and a window and count the turns in the window; each imports this module from
+its own folder (a bench runs as `python bench/<name>.py`). Only anyio and plies are
+imported, and only inside the functions that need them, so that `runtime_bench.py --serve`
+(a stand-in engine) starts without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from plies import Group, Trajectory
+    from plies.policy import SamplingParams
+    from plies.runtime import EpisodeContext, GroupSpec, RolloutDriver, ShardedDriver
+
+
+def add_load_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    latency: str,
+    concurrency: list[int],
+    turns: int,
+    warmup: float | None,
+    warmup_help: str = "seconds before the window",
+) -> None:
+    """The load every rollout bench takes: latency L, values of C, turns, warm-up, window."""
+    parser.add_argument("--latency", type=float, default=0.1, help=f"{latency} latency L, s")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=concurrency, help="values of C"
+    )
+    parser.add_argument("--turns", type=int, default=turns, help="turns per episode")
+    parser.add_argument("--warmup", type=float, default=warmup, help=warmup_help)
+    parser.add_argument("--window", type=float, default=4.0, help="seconds measured")
+
+
+class Nothing:
+    """The env resource: free to create, so the pool's bookkeeping is what is measured."""
+
+    async def aclose(self) -> None:
+        import anyio
+
+        await anyio.lowlevel.checkpoint()
+
+
+async def nothing() -> Nothing:
+    """`EnvPool`'s factory of `Nothing`s."""
+    return Nothing()
+
+
+def bare_episode(
+    turns: int, params: SamplingParams, recorded: list[float] | None = None
+) -> Callable[[EpisodeContext], Awaitable[Trajectory]]:
+    """The runtime's own episode: borrow a lease, sample `turns` times inside
+    `lease.operation("sample")`, record each turn (and, into `recorded`, when it was
+    recorded). No renderer, parser, tool or sink."""
+    from plies import Turn
+    from plies.tokens import PromptDelta
+
+    async def episode(ctx: EpisodeContext) -> Trajectory:
+        prompt = [1, 2, 3, 4]
+        async with ctx.borrow("env") as lease:
+            for k in range(turns):
+                async with lease.operation("sample"):
+                    c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
+                ctx.add_turn(Turn.from_completion(PromptDelta(prompt if k == 0 else [5], k > 0), c))
+                if recorded is not None:
+                    recorded.append(time.perf_counter())
+        return ctx.trajectory
+
+    return episode
+
+
+async def drive_until(
+    driver: RolloutDriver | ShardedDriver,
+    until: float,
+    on_group: Callable[[Group], object],
+    *beside: Callable[[], Awaitable[None]],
+    spec: Callable[[str], GroupSpec] | None = None,
+) -> None:
+    """Admit groups `t0`, `t1`, ... as fast as `driver` takes them until `until` (a
+    `time.perf_counter()` moment), then close admission; hand each group to `on_group` as it
+    comes, with the tasks `beside` (the bench's clock, a probe) running alongside."""
+    import anyio
+
+    from plies.runtime import GroupSpec
+
+    make_spec = spec or GroupSpec
+
+    async def admit() -> None:
+        i = 0
+        while time.perf_counter() < until:
+            await driver.admit(make_spec(f"t{i}"))
+            i += 1
+        driver.close_admission()
+
+    async with anyio.create_task_group() as tg:
+        for task in (*beside, admit):
+            tg.start_soon(task)
+        async for group in driver.groups():
+            on_group(group)
+
+
+def with_task(group_id: str) -> GroupSpec:
+    """A group whose task is an env `Task` of the same id, as the harness path wants."""
+    from plies.environments import Task
+    from plies.runtime import GroupSpec
+
+    return GroupSpec(group_id, task=Task(id=group_id))
+
+
+def check_completed(group: Group, turns: int) -> Trajectory:
+    """The group's one trajectory, checked as every harness-path row checks it: completed,
+    with all its `turns`."""
+    traj = group.trajectories[0]
+    assert traj.status.value == "completed", traj.error
+    assert len(traj.turns) == turns, len(traj.turns)
+    return traj
