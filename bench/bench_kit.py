@@ -121,3 +121,8 @@ def check_completed(group: Group, turns: int) -> Trajectory:
     assert traj.status.value == "completed", traj.error
     assert len(traj.turns) == turns, len(traj.turns)
     return traj
+
+
+def window_rates(turns: int, seconds: float, cpu_s: float) -> tuple[float, float]:
+    """Turns/s over a window of `seconds` and CPU microseconds per turn (`cpu_s` over it)."""
+    return turns / seconds, cpu_s / max(turns, 1) * 1e6

@@ -67,6 +67,7 @@ from bench_kit import (
     check_completed,
     drive_until,
     nothing,
+    window_rates,
     with_task,
 )
 from pydantic import Field
@@ -528,8 +529,7 @@ def main() -> None:
         for path in ("bare", "harness"):
             row = anyio.run(measure, setup, path, c)
             ideal = c / args.latency
-            achieved = row.window_turns / row.window_s
-            cpu_us = row.window_cpu_s / max(row.window_turns, 1) * 1e6
+            achieved, cpu_us = window_rates(row.window_turns, row.window_s, row.window_cpu_s)
             share = "-"
             if path == "harness":
                 later = row.later_turns + row.fallbacks

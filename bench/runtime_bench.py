@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from bench_kit import add_load_arguments, bare_episode, drive_until, nothing
+from bench_kit import add_load_arguments, bare_episode, drive_until, nothing, window_rates
 
 STANDIN_TOKENS = 8
 CLIENTS = {
@@ -331,11 +331,10 @@ def main() -> None:
                     measure, url, c, args.turns, args.warmup, args.window, kind, args.gc_freeze
                 )
                 ideal = c / args.latency
-                achieved = row.window_turns / row.window_s
+                achieved, cpu_us = window_rates(row.window_turns, row.window_s, row.window_cpu_s)
                 if kind == "raw":
                     raw = achieved
                 vs_raw = f"{achieved / raw:>7.1%}" if raw else f"{'-':>7}"
-                cpu_us = row.window_cpu_s / max(row.window_turns, 1) * 1e6
                 print(
                     f"{kind:>7} {c:>5} {ideal:>10.0f} {achieved:>9.0f} {achieved / ideal:>7.1%} "
                     f"{vs_raw} {cpu_us:>7.0f}us {row.start_s * 1000:>8.0f}ms "

@@ -49,7 +49,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).parent))  # rollout_bench; Ray workers get it too
 
 import rollout_bench
-from bench_kit import check_completed, drive_until, with_task
+from bench_kit import check_completed, drive_until, window_rates, with_task
 from rollout_bench import REF, SYSTEM, CounterEnv, ScriptedPolicy
 
 from plies.harness import EpisodeLimits, ToolCallingHarness
@@ -146,8 +146,7 @@ def main() -> None:
     ratios = []
     for _ in range(args.repeat):
         row = anyio.run(rollout_bench.measure, setup, "harness", c)
-        one = row.window_turns / row.window_s
-        cpu_us = row.window_cpu_s / max(row.window_turns, 1) * 1e6
+        one, cpu_us = window_rates(row.window_turns, row.window_s, row.window_cpu_s)
         print(
             f"{'1 process':>10}: {one:>7.0f} turns/s  {one / ideal:>6.1%} of ideal  "
             f"{cpu_us:.0f} us CPU/turn, {row.window_cpu_s / row.window_s:.2f} cores used; "

@@ -8,12 +8,12 @@ connections are reused, and closing the client closes every one of them.
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import anyio
 import pytest
 from anyio.abc import SocketStream
+from engine_wire import requests, response
 
 from plies import PolicyRef
 from plies.policy import SamplingParams, VLLMClient
@@ -41,25 +41,13 @@ class HoldingEngine:
                 "plies_policy": REF.model_dump(mode="json"),
             }
         ).encode()
-        self.response = (
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(payload)}\r\n\r\n".encode()
-            + payload
-        )
+        self.response = response(200, payload)
         self.opened = self.closed = self.held = self.peak = 0
 
     async def handle(self, stream: SocketStream) -> None:
         self.opened += 1
-        buf = b""
         try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    buf += await stream.receive()
-                head, _, rest = buf.partition(b"\r\n\r\n")
-                length = int(re.search(rb"content-length: *(\d+)", head.lower()).group(1))
-                while len(rest) < length:
-                    rest += await stream.receive()
-                buf = rest[length:]
+            async for _ in requests(stream):
                 self.held += 1
                 self.peak = max(self.peak, self.held)
                 await anyio.sleep(HOLD)

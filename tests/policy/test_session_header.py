@@ -8,12 +8,12 @@ fleet would see.
 from __future__ import annotations
 
 import json
-import re
 from typing import Annotated, Any
 
 import anyio
 import pytest
 from anyio.abc import SocketStream
+from engine_wire import requests, response
 from pydantic import Field
 
 from plies import ConfigError, PolicyRef
@@ -59,32 +59,13 @@ class RecordingEngine:
                 ],
                 "plies_policy": REF.model_dump(mode="json"),
             }
-        payload = json.dumps(body).encode()
-        return (
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(payload)}\r\n\r\n".encode()
-            + payload
-        )
+        return response(200, json.dumps(body).encode())
 
     async def handle(self, stream: SocketStream) -> None:
-        buf = b""
         try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    buf += await stream.receive()
-                head, _, rest = buf.partition(b"\r\n\r\n")
-                lines = head.decode().split("\r\n")
-                path = lines[0].split(" ")[1]
-                headers = {}
-                for line in lines[1:]:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
-                length = int(re.search(rb"content-length: *(\d+)", head.lower()).group(1))
-                while len(rest) < length:
-                    rest += await stream.receive()
-                body, buf = json.loads(rest[:length]), rest[length:]
-                self.requests.append((path, headers, body))
-                await stream.send(self._answer(path))
+            async for request in requests(stream):
+                self.requests.append((request.path, request.headers, request.json()))
+                await stream.send(self._answer(request.path))
         except (anyio.EndOfStream, anyio.BrokenResourceError):
             pass
         finally:

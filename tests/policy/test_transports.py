@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import anyio
 import pytest
 from anyio.abc import SocketAttribute, SocketStream
+from engine_wire import requests, response
 
 from plies import ConfigError, PolicyOutcomeUnknown, PolicyResponseError, PolicyUnavailable
 from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
@@ -37,13 +38,6 @@ PARAMS = SamplingParams(max_tokens=1)
 FAST_RETRY = RetryPolicy(attempts=3, initial_wait=0.01, max_wait=0.02)
 
 
-def response(status: int, body: bytes) -> bytes:
-    return (
-        f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
 @dataclass
 class Engine:
     """Answers `/v1/completions` as the payload's `model` says; records what it saw."""
@@ -56,19 +50,10 @@ class Engine:
     async def handle(self, stream: SocketStream) -> None:
         self.connections += 1
         self.peers.append(stream.extra(SocketAttribute.remote_port))
-        buf = b""
         try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    buf += await stream.receive()
-                head, _, rest = buf.partition(b"\r\n\r\n")
-                lines = head.decode().split("\r\n")[1:]
-                headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines)}
-                length = int(headers.get("content-length", 0))
-                while len(rest) < length:
-                    rest += await stream.receive()
-                body, buf = json.loads(rest[:length]), rest[length:]
-                self.requests.append((headers, body))
+            async for request in requests(stream):
+                body = request.json()
+                self.requests.append((request.headers, body))
                 how = body.get("model")
                 if body.get("stream") and how in STREAMED:
                     await self.stream(stream, how)
