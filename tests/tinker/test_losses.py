@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from plies.server._tinker._losses import tinker_loss
+from plies.server._losses import tinker_loss
 from plies.server._tinker._proto import TinkerDatum
 
 SEQS = [

@@ -23,10 +23,10 @@ import torch
 
 from .._adam import step_or_roll_back
 from .._config import TrainerConfig
+from .._losses import tinker_loss
 from .._policies import PolicyStore
 from ._checkpoints import SavedState
 from ._errors import TinkerRequestError
-from ._losses import tinker_loss
 from ._oplog import OpLog
 from ._proto import ForwardBackwardInput, encode_forward_backward
 from ._schemas import AdamParams, LoraConfig
