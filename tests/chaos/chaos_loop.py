@@ -76,7 +76,7 @@ from plies.runtime import (
     read_jsonl,
     run,
 )
-from plies.testing import VOCAB_SIZE
+from plies.testing._models import VOCAB_SIZE
 from plies.training import (
     AdamParams,
     TrainingClient,
@@ -379,16 +379,21 @@ class Loop:
         trainable = selection.trainable
         advantages = [grpo_advantages([t.reward for t in g.trajectories]) for g in trainable]
         refused = [f"{r.group_id}: {r.reason.value}" for r in selection.refused]
-        if not any(a for adv in advantages for a in adv):
+
+        def record_step(trained: bool, policy: PolicyRef) -> None:
+            """The step's one record, whether it trained or not (and the policy it left)."""
             self.record(
                 log,
                 "step",
                 step=step,
                 groups=[g.id for g in groups],
-                trained=False,
+                trained=trained,
                 refused=refused,
-                policy=self.policy.model_dump(),
+                policy=policy.model_dump(),
             )
+
+        if not any(a for adv in advantages for a in adv):
+            record_step(False, self.policy)
             return
         batch = training_batch(trainable, advantages, temperature=1.0, skip_zero=True)
         prefix = f"{self.run_id}-s{step}"
@@ -406,15 +411,7 @@ class Loop:
         await self.publish(sampler, policy)
         # One record for the step and the policy it published: a resume that found only half
         # of it would select the step's groups against another policy than the original did.
-        self.record(
-            log,
-            "step",
-            step=step,
-            groups=[g.id for g in groups],
-            trained=True,
-            refused=refused,
-            policy=policy.model_dump(),
-        )
+        record_step(True, policy)
         self.policy = policy
         driver.set_policy(policy)
 

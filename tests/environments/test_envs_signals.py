@@ -8,7 +8,6 @@ on it no server process and no sandbox left.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -17,9 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from event_script import EventScript
 
-from plies.environments import marked_processes
-from plies.runtime import read_groups, read_report
+from plies.environments.mcp_client import marked_processes
+from plies.runtime import read_groups
+from plies.runtime._report import read_report
 from plies.testing import sandbox_processes
 
 HERE = Path(__file__).parent
@@ -29,31 +30,24 @@ PLIES = str(Path(sys.executable).with_name("plies"))
 def one_run(kind: str, run_dir: Path, npm_bin: Path, interrupts: int) -> None:
     run_dir.mkdir()
     argv = [sys.executable, str(HERE / "envs_signal_script.py"), kind, str(run_dir), str(npm_bin)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = EventScript(argv)
     try:
-        assert proc.stdout is not None
-        seen: list[dict] = []
-        sessions: set[str] = set()
-        while len(sessions) < 4:  # every episode has its env and is sampling
-            line = proc.stdout.readline()
-            assert line, f"the script ended early: {seen}"
-            seen.append(json.loads(line))
-            if seen[-1]["event"] == "turn":
-                sessions.add(seen[-1]["session"])
+        # Every episode has its env and is sampling.
+        sampling = script.wait_for(
+            lambda _: len({e["session"] for e in script.all("turn")}) >= 4, 150
+        )
+        assert sampling is not None, f"the script ended early: {script.events}\n{script.err}"
         time.sleep(0.5)  # the Harbor episodes are in their long command by now
         for _ in range(interrupts):
-            proc.send_signal(signal.SIGINT)
+            script.proc.send_signal(signal.SIGINT)
             time.sleep(0.5)
-        out, err = proc.communicate(timeout=90)
+        code, err = script.finish(timeout=90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        script.finish(timeout=0.1)
     context = f"{kind} x{interrupts}\n{err}"
-    assert proc.returncode == 130, context
-    assert "Traceback" not in err, context
-    events = seen + [json.loads(line) for line in out.splitlines()]
-    [stats] = [e for e in events if e["event"] == "stats"]
+    assert code == 130, context
+    assert "Traceback" not in err and script.noise == [], context
+    [stats] = script.all("stats")
     assert stats["live"] == 0, context
     assert stats["borrowed"] == stats["released"] + stats["quarantined"] == 4, context
     read = read_groups(run_dir / "groups.jsonl")

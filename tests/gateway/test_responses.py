@@ -70,13 +70,10 @@ async def test_codex_tool_round_extends_and_reasoning_round_trips(
             },
             {"role": "user", "content": "Write a file.", "extra": None},
         ]
-        stack.engine.queue(
-            qwen3_tokenizer.encode(
-                '<think>\nuse the shell\n</think>\n\n<tool_call>\n{"name": "exec_command", '
-                '"arguments": {"cmd": "touch a"}}\n</tool_call><|im_end|>',
-                add_special_tokens=False,
-            )
+        shell = (
+            '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "touch a"}}\n</tool_call>'
         )
+        stack.engine.queue(think_ids(qwen3_tokenizer, "use the shell", shell))
         first, kinds = await run(client, stream, input=items, tools=TOOLS, **CODEX)
         assert first.status == "completed"
         reasoning, call = first.output
@@ -140,13 +137,7 @@ async def test_a_namespaced_function_is_served_flat_and_called_by_namespace(
         key = await stack.gateway.create_session("codex")
         client = stack.client(key)
         items: list[dict] = [{"role": "user", "content": "Read a."}]
-        stack.engine.queue(
-            qwen3_tokenizer.encode(
-                '<tool_call>\n{"name": "mcp__files__read", "arguments": {"path": "a"}}\n'
-                "</tool_call><|im_end|>",
-                add_special_tokens=False,
-            )
-        )
+        stack.engine.queue(call_ids(qwen3_tokenizer, "mcp__files__read", '{"path": "a"}'))
         first, _ = await run(client, True, input=items, tools=NAMESPACED, **CODEX)
         (call,) = first.output
         assert (call.type, call.namespace, call.name) == ("function_call", "mcp__files", "read")

@@ -14,20 +14,24 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+from event_script import EventScript
 
 from plies import ConfigError, EnvError, PolicyRef, Status
 from plies.gateway import Gateway, GatewayServer
 from plies.harness import VerifiersHarness
 from plies.policy import SamplingParams, VLLMClient
 from plies.runtime import RolloutDriver, RolloutResources, read_groups
-from plies.testing import SCRIPTED_POLICY, ScriptedPolicy
+from plies.testing import ScriptedPolicy
+from plies.testing._scripted import SCRIPTED_POLICY
 from plies.tokens import ChatRenderer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.verifiers]
@@ -89,6 +93,26 @@ def template_view(messages: list[dict]) -> list[dict]:
     return view
 
 
+@asynccontextmanager
+async def served(
+    policy: ScriptedPolicy,
+    env: Path,
+    vf_python: str,
+    *,
+    max_tokens: int = 128,
+    env_args: dict[str, Any] | None = None,
+) -> AsyncIterator[tuple[Gateway, VerifiersHarness]]:
+    """`env` in a verifiers sidecar whose model calls reach `policy` through a real gateway,
+    rendered by the tokenizer's own template (the one verifiers' messages are checked with)."""
+    renderer = ChatRenderer(policy.tokenizer, template="model")
+    async with (
+        Gateway(policy, renderer, sampling=SamplingParams(max_tokens=max_tokens)) as gateway,
+        GatewayServer(gateway) as server,
+        VerifiersHarness(server, env, python=vf_python, env_args=env_args) as harness,
+    ):
+        yield gateway, harness
+
+
 async def play(harness: VerifiersHarness, specs, policy: PolicyRef, *, cancel_after=None):
     """Admit `specs`, collect the groups (cancelling the driver when `cancel_after` fires)."""
     async with (
@@ -111,12 +135,7 @@ async def test_a_tool_env_group_is_scored_by_its_rubric_with_exact_tokens(
     vf_python, qwen3_tokenizer
 ):
     policy = ScriptedPolicy(qwen3_tokenizer, [ask_add, say_sum])
-    renderer = ChatRenderer(qwen3_tokenizer, template="model")
-    async with (
-        Gateway(policy, renderer, sampling=SamplingParams(max_tokens=128)) as gateway,
-        GatewayServer(gateway) as server,
-        VerifiersHarness(server, ADDER, python=vf_python) as harness,
-    ):
+    async with served(policy, ADDER, vf_python) as (gateway, harness):
         assert harness.ready["environment"] == "AdderEnv"
         rows = await harness.dataset()
         assert [r["answer"] for r in rows] == ["5", "11", "25"]
@@ -143,7 +162,7 @@ async def test_a_tool_env_group_is_scored_by_its_rubric_with_exact_tokens(
             tools = traj.info["verifiers"]["tools"]
             assert [t["function"]["name"] for t in tools] == ["add"]
             for k, at in enumerate(assistants):
-                full = renderer.start(template_view(messages[:at]), tools=tools).render()
+                full = gateway.renderer.start(template_view(messages[:at]), tools=tools).render()
                 assert traj.prompt_ids(k) == full
             assert [t.extends for t in traj.turns] == [False, True]
             assert [t.fallback for t in traj.turns] == [None, None]
@@ -192,13 +211,8 @@ async def test_cancelling_the_driver_runs_verifiers_cleanup_and_keeps_whole_reco
 ):
     log = tmp_path / "cleanups.log"
     policy = ScriptedPolicy(qwen3_tokenizer, [ask_add, say_sum])
-    renderer = ChatRenderer(qwen3_tokenizer, template="model")
     args = {"cleanup_log": str(log), "tool_delay_s": 60.0}
-    async with (
-        Gateway(policy, renderer, sampling=SamplingParams(max_tokens=128)) as gateway,
-        GatewayServer(gateway) as server,
-        VerifiersHarness(server, ADDER, python=vf_python, env_args=args) as harness,
-    ):
+    async with served(policy, ADDER, vf_python, env_args=args) as (gateway, harness):
         rows = await harness.dataset()
 
         async def first_turns_sampled() -> None:
@@ -235,36 +249,24 @@ async def test_bad_environments_fail_in_one_line(vf_python, qwen3_tokenizer, tmp
 
 @pytest.mark.timeout(180)
 def test_ctrl_c_during_verifiers_rollouts_leaks_nothing(vf_python, tmp_path):
-    script = Path(__file__).with_name("verifiers_signal_script.py")
+    path = Path(__file__).with_name("verifiers_signal_script.py")
     env = {**os.environ, "PLIES_VERIFIERS_PYTHON": vf_python}
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    script = EventScript([sys.executable, str(path), str(tmp_path)], env=env)
     try:
-        assert proc.stdout is not None
-        seen: list[dict] = []
-        while sum(e["event"] == "turn" for e in seen) < 4:  # every rollout is in the slow tool
-            line = proc.stdout.readline()
-            assert line, f"the script ended early: {seen}"
-            seen.append(json.loads(line))
+        # Every rollout is in the slow tool.
+        in_tool = script.wait_for(lambda _: len(script.all("turn")) >= 4, 120)
+        assert in_tool is not None, f"the script ended early: {script.events}\n{script.err}"
         time.sleep(0.5)
         for _ in range(2):  # drain, then cancel
-            proc.send_signal(signal.SIGINT)
+            script.proc.send_signal(signal.SIGINT)
             time.sleep(0.5)
-        out, err = proc.communicate(timeout=90)
+        code, err = script.finish(timeout=90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err, err
-    events = seen + [json.loads(line) for line in out.splitlines()]
-    [ready] = [e for e in events if e["event"] == "ready"]
-    [stats] = [e for e in events if e["event"] == "stats"]
+        script.finish(timeout=0.1)
+    assert code == 130, err
+    assert "Traceback" not in err and script.noise == [], err
+    [ready] = script.all("ready")
+    [stats] = script.all("stats")
     assert stats["live"] == 0 and stats["sessions"] == 0, stats
     assert stats["borrowed"] == stats["released"] + stats["quarantined"] == 4, stats
     read = read_groups(tmp_path / "groups.jsonl")
@@ -289,12 +291,7 @@ async def test_verifiers_math_rubric_scores_a_single_turn_env(
     vf_python, qwen3_tokenizer, answer, reward
 ):
     policy = ScriptedPolicy(qwen3_tokenizer, [f"The product is {answer}."])
-    renderer = ChatRenderer(qwen3_tokenizer, template="model")
-    async with (
-        Gateway(policy, renderer, sampling=SamplingParams(max_tokens=64)) as gateway,
-        GatewayServer(gateway) as server,
-        VerifiersHarness(server, BOXED, python=vf_python) as harness,
-    ):
+    async with served(policy, BOXED, vf_python, max_tokens=64) as (_, harness):
         assert harness.ready["environment"] == "SingleTurnEnv"
         rows = await harness.dataset()
         groups, _, resources = await play(harness, harness.groups(rows, size=2), SCRIPTED_POLICY)
@@ -325,13 +322,8 @@ async def test_a_history_the_env_rewrites_is_a_recorded_fallback_and_a_new_segme
     vf_python, qwen3_tokenizer
 ):
     policy = ScriptedPolicy(qwen3_tokenizer, [ask_add, say_sum])
-    renderer = ChatRenderer(qwen3_tokenizer, template="model")
     args = {"rewrite_history": True}
-    async with (
-        Gateway(policy, renderer, sampling=SamplingParams(max_tokens=128)) as gateway,
-        GatewayServer(gateway) as server,
-        VerifiersHarness(server, ADDER, python=vf_python, env_args=args) as harness,
-    ):
+    async with served(policy, ADDER, vf_python, env_args=args) as (gateway, harness):
         rows = await harness.dataset(n=1)
         [group], _, _ = await play(harness, harness.groups(rows, size=2), SCRIPTED_POLICY)
     for traj in group.trajectories:
@@ -343,7 +335,8 @@ async def test_a_history_the_env_rewrites_is_a_recorded_fallback_and_a_new_segme
         system, _question, answer, result, _ = traj.info["verifiers"]["messages"]
         rewritten = [system, {"role": "user", "content": SUMMARY}, answer, result]
         tools = traj.info["verifiers"]["tools"]
-        assert traj.prompt_ids(1) == renderer.start(template_view(rewritten), tools=tools).render()
+        view = template_view(rewritten)
+        assert traj.prompt_ids(1) == gateway.renderer.start(view, tools=tools).render()
         # Two segments, each sampled token trained once.
         assert [s.turns for s in traj.segments()] == [(0, 1), (1, 2)]
         assert sum(sum(s.mask) for s in traj.segments()) == sum(
