@@ -31,10 +31,17 @@ import torch
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from plies.environments import BlackjackEnv, Task
-from plies.recipes.blackjack import SYSTEM_PROMPT, TEMPLATE_KWARGS, tool_call_ids
-from plies.recipes.blackjack.config import EVAL_SEEDS, TRAIN_SEEDS, WARM_SEEDS
+from plies.recipes.blackjack.config import (
+    EVAL_SEEDS,
+    SYSTEM_PROMPT,
+    TEMPLATE_KWARGS,
+    TRAIN_SEEDS,
+    WARM_SEEDS,
+)
 from plies.recipes.blackjack.strategy import expected_return, optimal_hits, played_policy
-from plies.testing import VOCAB_SIZE, qwen3_tokenizer_dir
+from plies.recipes.blackjack.warm_start import tool_call_ids
+from plies.testing import qwen3_tokenizer_dir
+from plies.testing._models import VOCAB_SIZE
 from plies.tokens import ChatRenderer
 
 Decision = tuple[list[int], bool, dict[str, Any]]

@@ -32,7 +32,7 @@ import torch
 
 from plies.server._losses import batch_loss
 from plies.server._sampling import RowParams, _sorted_nucleus, processed_logprobs, sample_rows
-from plies.testing import VOCAB_SIZE
+from plies.testing._models import VOCAB_SIZE
 
 TOP_P = 0.9
 

@@ -49,14 +49,14 @@ def child(setting: str, steps: int, threads: int) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from plies import PolicyRef, testing
-    from plies.recipes.blackjack import TEMPLATE_KWARGS, transcripts
-    from plies.recipes.blackjack.config import BUDGETS
+    from plies.recipes.blackjack.config import BUDGETS, TEMPLATE_KWARGS
+    from plies.recipes.blackjack.warm_start import transcripts
     from plies.server import PolicyStore, TrainerConfig
     from plies.server._serve import reuse_freed_memory
     from plies.server._trainer import Trainer
     from plies.tokens import ChatRenderer
     from plies.training import AdamParams, Datum, TrainingBatch
-    from plies.wire import ForwardBackwardRequest, OptimStepRequest
+    from plies.wire.training import ForwardBackwardRequest, OptimStepRequest
 
     seconds, reuse = SETTINGS[setting]
     if reuse and not reuse_freed_memory():

@@ -1,25 +1,22 @@
 """Environments: the `Env` base class and its tools, and Blackjack three ways.
 
-- `Env`, `tool`, `Task`, `Observation`, `ToolResult`, `Tool`, `ToolError`, `RemoteRef`: write
-  your own env (`ToolError` and `RemoteRef` are re-exported from `plies` and `plies.runtime`).
+- `Env`, `tool`, `Task`, `Observation`, `ToolResult`, `Tool`: write your own env (with
+  `plies.ToolError` to refuse a call and `plies.runtime.RemoteRef` to name remote state).
 - `BlackjackEnv`: Blackjack in process.
 - `OpenEnvEnv` and `OpenEnvEndpoint`: drive any OpenEnv server through OpenEnv's own client;
   `python -m plies.environments.openenv_server` serves Blackjack as one.
 - `SandboxedBlackjackEnv`: the trusted game script run in one sandbox per episode, through a
-  `SandboxBackend`: `LocalProcessBackend` or `E2BBackend`; `reap_sandbox` kills one by id and
-  `sandbox_reapers()` hands `plies reap` a reaper per sandbox kind.
+  `SandboxBackend`: `LocalProcessBackend` or `E2BBackend` (a backend of your own makes the
+  `Sandbox`es of `plies.environments.sandbox`); `sandbox_reapers()` hands `plies reap` a
+  reaper per sandbox kind.
 
 - `HarborTask`, `HarborEnv`: a Harbor task directory as an env, each episode in a
   `BubblewrapBackend` sandbox that gives the task its absolute paths and no network.
 - `McpHost`, `McpServer`, `McpEnv`: an MCP server's tools as an env, one session (and, for a
-  stateful stdio server, one process) per episode; `marked_processes` finds any left.
-- `EnvMcpServer`: the reverse: an env's tools served over MCP for one episode.
+  stateful stdio server, one process) per episode.
 
 The `openenv`, `e2b` and `mcp` packages are imported only when an env first needs them.
 """
-
-from plies import ToolError as ToolError
-from plies.runtime import RemoteRef as RemoteRef
 
 from ._env import Env as Env
 from ._env import Observation as Observation
@@ -36,25 +33,18 @@ from .harbor import HarborTask as HarborTask
 from .mcp_client import McpEnv as McpEnv
 from .mcp_client import McpHost as McpHost
 from .mcp_client import McpServer as McpServer
-from .mcp_client import marked_processes as marked_processes
-from .mcp_server import EnvMcpServer as EnvMcpServer
 from .openenv_client import OpenEnvEndpoint as OpenEnvEndpoint
 from .openenv_client import OpenEnvEnv as OpenEnvEnv
-from .reapers import reap_sandbox as reap_sandbox
 from .reapers import sandbox_reapers as sandbox_reapers
-from .sandbox import CommandResult as CommandResult
 from .sandbox import LocalProcessBackend as LocalProcessBackend
-from .sandbox import Sandbox as Sandbox
 from .sandbox import SandboxBackend as SandboxBackend
 from .sandboxed import SandboxedBlackjackEnv as SandboxedBlackjackEnv
 
 __all__ = [
     "BlackjackEnv",
     "BubblewrapBackend",
-    "CommandResult",
     "E2BBackend",
     "Env",
-    "EnvMcpServer",
     "Forward",
     "HarborEnv",
     "HarborTask",
@@ -65,16 +55,11 @@ __all__ = [
     "Observation",
     "OpenEnvEndpoint",
     "OpenEnvEnv",
-    "RemoteRef",
-    "Sandbox",
     "SandboxBackend",
     "SandboxedBlackjackEnv",
     "Task",
     "Tool",
-    "ToolError",
     "ToolResult",
-    "marked_processes",
-    "reap_sandbox",
     "sandbox_reapers",
     "tool",
 ]

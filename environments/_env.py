@@ -26,7 +26,8 @@ from typing import Any, ClassVar, Self, get_type_hints
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from plies import AsyncLifecycle, EnvError, OpenState, ToolError, UsageError
+from plies import EnvError, ToolError, UsageError
+from plies._lifecycle import AsyncLifecycle, OpenState
 from plies.runtime import RemoteRef
 
 __all__ = [

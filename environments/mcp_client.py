@@ -56,7 +56,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from plies import AsyncLifecycle, ConfigError, EnvError, ToolError, UsageError
+from plies import ConfigError, EnvError, ToolError, UsageError
+from plies._lifecycle import AsyncLifecycle
 from plies.runtime import RemoteRef, process_remote_id
 
 from ._env import Env, Message, Observation, Task, Tool, ToolResult

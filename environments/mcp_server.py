@@ -25,7 +25,8 @@ import anyio
 import uvicorn
 from anyio.abc import TaskGroup
 
-from plies import AsyncLifecycle, EnvError, UsageError
+from plies import EnvError, UsageError
+from plies._lifecycle import AsyncLifecycle
 
 from ._env import Env, ToolResult
 from .mcp_client import _sdk_major

@@ -28,16 +28,11 @@ from transformers import AutoTokenizer
 from plies import PolicyRef, rl
 from plies.environments import BlackjackEnv, Task
 from plies.policy import VLLMClient, publish
-from plies.recipes.blackjack import (
-    BUDGETS,
-    TEMPLATE_KWARGS,
-    TRAIN_SEEDS,
-    Budget,
-    harness_for_budget,
-    play_held_out,
-    transcripts,
-    warm_start,
-)
+from plies.recipes.blackjack import BUDGETS, Budget
+from plies.recipes.blackjack.config import TEMPLATE_KWARGS, TRAIN_SEEDS
+from plies.recipes.blackjack.evaluation import play_held_out
+from plies.recipes.blackjack.rewards import harness_for_budget
+from plies.recipes.blackjack.warm_start import transcripts, warm_start
 from plies.runtime import EnvPool, Interrupts, RolloutResources, run
 from plies.testing import plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer

@@ -27,13 +27,9 @@ from .adapters import OpenCode as OpenCode
 from .adapters import Pi as Pi
 from .agent import AgentHarness as AgentHarness
 from .gateway import GatewayHarness as GatewayHarness
-from .groups import DEFAULT_GROUP_SIZE as DEFAULT_GROUP_SIZE
 from .groups import EnvGroup as EnvGroup
 from .groups import play_groups as play_groups
 from .protocol import Harness as Harness
-from .rewards import DEFAULT_ILL_FORMED_REWARD as DEFAULT_ILL_FORMED_REWARD
-from .rewards import DEFAULT_REWARDS as DEFAULT_REWARDS
-from .rewards import DEFAULT_UNPAID_REWARD as DEFAULT_UNPAID_REWARD
 from .rewards import IllFormedReward as IllFormedReward
 from .rewards import RewardPolicy as RewardPolicy
 from .rewards import TruncationReward as TruncationReward
@@ -42,17 +38,11 @@ from .tool_calling import EpisodeLimits as EpisodeLimits
 from .tool_calling import StopReason as StopReason
 from .tool_calling import ToolCallingHarness as ToolCallingHarness
 from .verifiers import VerifiersHarness as VerifiersHarness
-from .workspace import AgentEnv as AgentEnv
 from .workspace import McpWorkspaceEnv as McpWorkspaceEnv
 from .workspace import WorkspaceEnv as WorkspaceEnv
 
 __all__ = [
-    "DEFAULT_GROUP_SIZE",
-    "DEFAULT_ILL_FORMED_REWARD",
-    "DEFAULT_REWARDS",
-    "DEFAULT_UNPAID_REWARD",
     "AgentAdapter",
-    "AgentEnv",
     "AgentHarness",
     "AgentLaunch",
     "AgentsSdk",

@@ -36,7 +36,8 @@ from typing import Any
 import anyio
 
 from plies import ConfigError, EnvError
-from plies.environments import CommandResult, Env, McpServer, Task
+from plies.environments import Env, McpServer, Task
+from plies.environments.sandbox import CommandResult
 from plies.runtime import EpisodeContext, Lease, Pool
 from plies.trajectory import Status, Trajectory
 

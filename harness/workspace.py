@@ -29,15 +29,9 @@ from typing import Any, Protocol
 import anyio
 
 from plies import ConfigError
-from plies.environments import (
-    Env,
-    EnvMcpServer,
-    McpServer,
-    Observation,
-    Sandbox,
-    SandboxBackend,
-    Task,
-)
+from plies.environments import Env, McpServer, Observation, SandboxBackend, Task
+from plies.environments.mcp_server import EnvMcpServer
+from plies.environments.sandbox import Sandbox
 from plies.runtime import RemoteRef
 
 __all__ = ["DEFAULT_VERIFY_TIMEOUT_S", "AgentEnv", "McpWorkspaceEnv", "WorkspaceEnv"]

@@ -29,9 +29,6 @@ from ._exceptions import TrainingGradientsLost as TrainingGradientsLost
 from ._exceptions import TrainingQuarantined as TrainingQuarantined
 from ._exceptions import TrajectoryError as TrajectoryError
 from ._exceptions import UsageError as UsageError
-from ._lifecycle import AsyncLifecycle as AsyncLifecycle
-from ._lifecycle import Lifecycle as Lifecycle
-from ._lifecycle import OpenState as OpenState
 from .trajectory import Group as Group
 from .trajectory import PolicyRef as PolicyRef
 from .trajectory import Segment as Segment
@@ -41,7 +38,6 @@ from .trajectory import Turn as Turn
 
 __all__ = [
     "AdmissionClosed",
-    "AsyncLifecycle",
     "ConfigError",
     "EnvCapacityError",
     "EnvError",
@@ -50,8 +46,6 @@ __all__ = [
     "GatewaySessionError",
     "Group",
     "LeaseError",
-    "Lifecycle",
-    "OpenState",
     "OperationUnsettled",
     "PliesError",
     "PolicyError",

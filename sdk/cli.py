@@ -22,7 +22,7 @@ def models_tokenizer(
     out: Annotated[Path, typer.Argument(help="Directory to write.")],
 ) -> None:
     """Build a tokenizer with its chat template from installed packages."""
-    from .testing import build_qwen3_tokenizer
+    from .testing._models import build_qwen3_tokenizer
 
     if family != "qwen3":
         raise typer.BadParameter(f"unknown tokenizer family {family!r}; known: qwen3")
@@ -36,7 +36,7 @@ def models_tiny(
     seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
 ) -> None:
     """Build the tiny random Qwen3 model, tokenizer included."""
-    from .testing import build_tiny_model
+    from .testing._models import build_tiny_model
 
     build_tiny_model(out, seed=seed)
     typer.echo(str(out))
@@ -85,7 +85,7 @@ def serve(
     ] = False,
 ) -> None:
     """Run the reference policy server; print one JSON line with its url when ready."""
-    from .server import serve as run_server
+    from .server._serve import serve as run_server
 
     raise typer.Exit(
         run_server(
@@ -133,7 +133,7 @@ def gateway(
     ] = None,
 ) -> None:
     """Run the capture gateway; prints {"url", "admin_token"} as one JSON line when ready."""
-    from .gateway import serve as run_gateway
+    from .gateway._standalone import serve as run_gateway
 
     raise typer.Exit(
         run_gateway(
@@ -160,7 +160,8 @@ def reap(
 
     from ._exceptions import ConfigError
     from .environments import sandbox_reapers
-    from .runtime import ReapOutcome, builtin_reapers, reap_report
+    from .runtime import builtin_reapers, reap_report
+    from .runtime._reap import ReapOutcome
 
     # Each layer knows its own kinds; the command is where they meet.
     reapers = {**builtin_reapers(), **sandbox_reapers()}
@@ -188,7 +189,7 @@ def doctor(
 ) -> None:
     """Is this chat template safe for incremental prompts? Probe verdicts and fallbacks."""
     from ._exceptions import ConfigError
-    from .tokens import run_doctor
+    from .tokens._doctor import run_doctor
 
     try:
         run_doctor(tokenizer_dir, json_output, kwarg or [])

@@ -18,7 +18,9 @@ from transformers import AutoTokenizer
 
 from plies import PolicyRef, testing
 from plies.policy import VLLMClient, publish
-from plies.recipes.blackjack import BUDGETS, TEMPLATE_KWARGS, transcripts, warm_start
+from plies.recipes.blackjack import BUDGETS
+from plies.recipes.blackjack.config import TEMPLATE_KWARGS
+from plies.recipes.blackjack.warm_start import transcripts, warm_start
 from plies.tokens import ChatRenderer
 from plies.training import TrainingClient
 

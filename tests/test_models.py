@@ -6,7 +6,7 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer
 
-from plies.testing import QWEN3_ADDED_TOKENS, build_tiny_model, tree_digest
+from plies.testing._models import QWEN3_ADDED_TOKENS, build_tiny_model, tree_digest
 
 
 def test_qwen3_tokenizer_encodes_chatml_exactly(qwen3_tokenizer):

@@ -14,6 +14,8 @@ import pytest
 
 from plies import ConfigError, PolicyError, testing
 from plies.policy import SamplingParams
+from plies.testing._models import DEFAULT_MAX_POSITIONS, build_tiny_model
+from plies.testing._scripted import SCRIPTED_POLICY, render_completion
 from plies.tokens import ChatRenderer
 
 PARAMS = SamplingParams(max_tokens=256)
@@ -21,7 +23,7 @@ PARAMS = SamplingParams(max_tokens=256)
 
 def test_a_scripted_answer_parses_back_to_the_scripted_message(qwen3_tokenizer):
     step = {"content": "Listing.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}
-    ids = testing.render_completion(qwen3_tokenizer, step)
+    ids = render_completion(qwen3_tokenizer, step)
     assert ids[-1] == qwen3_tokenizer.eos_token_id
     conversation = ChatRenderer(qwen3_tokenizer, template="model").start(
         [{"role": "user", "content": "go"}], tools=None
@@ -49,10 +51,10 @@ def test_each_session_walks_the_script_and_an_exhausted_one_is_an_error(qwen3_to
         a1 = await policy.sample([1, 2, 3], PARAMS, session="a")
         b1 = await policy.sample([4], PARAMS, session="b")
         a2 = await policy.sample([1, 2, 3, 9], PARAMS, session="a")
-        assert a1.ids == b1.ids == testing.render_completion(qwen3_tokenizer, "first")
-        assert a2.ids == testing.render_completion(qwen3_tokenizer, "second")
+        assert a1.ids == b1.ids == render_completion(qwen3_tokenizer, "first")
+        assert a2.ids == render_completion(qwen3_tokenizer, "second")
         assert seen == [qwen3_tokenizer.decode([1, 2, 3, 9])]
-        assert a1.policy == testing.SCRIPTED_POLICY and a1.finish_reason == "stop"
+        assert a1.policy == SCRIPTED_POLICY and a1.finish_reason == "stop"
         assert len(a1.logprobs) == len(a1.ids)
         assert (policy.turns("a"), policy.turns("b")) == (2, 1)
         with pytest.raises(PolicyError, match="asked for another"):
@@ -73,8 +75,8 @@ def test_a_malformed_step_is_refused_up_front(qwen3_tokenizer):
 
 def test_the_long_context_model_is_the_default_with_more_positions(tiny_model_dir, tmp_path):
     default = json.loads((tiny_model_dir / "config.json").read_text())
-    assert default["max_position_embeddings"] == testing.DEFAULT_MAX_POSITIONS == 4096
-    long_dir = testing.build_tiny_model(tmp_path / "long", max_positions=testing.LONG_MAX_POSITIONS)
+    assert default["max_position_embeddings"] == DEFAULT_MAX_POSITIONS == 4096
+    long_dir = build_tiny_model(tmp_path / "long", max_positions=testing.LONG_MAX_POSITIONS)
     long = json.loads((long_dir / "config.json").read_text())
     assert long.pop("max_position_embeddings") == testing.LONG_MAX_POSITIONS
     default.pop("max_position_embeddings")

@@ -19,14 +19,8 @@ import httpx
 import pytest
 
 from plies import PliesError
-from plies.testing import (
-    plies_command,
-    process_alive,
-    serve_process,
-    serve_process_sync,
-    spawn_server,
-    stop_server,
-)
+from plies.testing import plies_command, process_alive, serve_process, serve_process_sync
+from plies.testing._serve import spawn_server, stop_server
 
 SERVER = """
 import http.server, json, os

@@ -9,32 +9,20 @@ turn's exact tokens and logprobs into the session's trajectory.
 - `create_app`: the ASGI app, to mount on your own server.
 - `GatewayServer`: the app served by uvicorn on your event loop.
 - `ThreadedGatewayServer`: all of it on its own loop in a daemon thread, for sync trainers.
-- `GatewayFallback`: why a prompt was rendered in full rather than extended.
-- `serve`: the standalone gateway of `plies gateway`, until SIGINT or SIGTERM.
+
+`plies gateway` runs it standalone, until SIGINT or SIGTERM.
 """
 
 from ._app import create_app as create_app
-from ._gateway import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS
-from ._gateway import DEFAULT_SETTLE_TIMEOUT as DEFAULT_SETTLE_TIMEOUT
 from ._gateway import Gateway as Gateway
-from ._server import DEFAULT_HOST as DEFAULT_HOST
 from ._server import GatewayServer as GatewayServer
-from ._session import GatewayFallback as GatewayFallback
-from ._session import SessionState as SessionState
-from ._standalone import serve as serve
 from ._threaded import ThreadedGatewayServer as ThreadedGatewayServer
 
 __all__ = [
-    "DEFAULT_HOST",
-    "DEFAULT_MAX_TOKENS",
-    "DEFAULT_SETTLE_TIMEOUT",
     "Gateway",
-    "GatewayFallback",
     "GatewayServer",
-    "SessionState",
     "ThreadedGatewayServer",
     "create_app",
-    "serve",
 ]
 
 for _name in __all__:  # reprs and tracebacks name the package, not its private modules

@@ -8,8 +8,8 @@
 - `TinkerPolicyClient`: any Tinker-API service, through the `tinker` SDK (`plies[tinker]`);
   each published `tinker://` policy is its own sampler.
 - `Timeout`, `RetryPolicy`: explicit HTTP timeouts and retry bounds.
-- `SeededPolicy`: seeds every request of an episode with `turn_seed(episode id, prompt
-  length)`, so a recorded turn can be re-sampled exactly (`plies replay`).
+- `SeededPolicy`: seeds every request of an episode from the episode id and the prompt
+  length, so a recorded turn can be re-sampled exactly (`plies replay`).
 - `SESSION_HEADER`: the header (`X-Session-ID`) that carries `sample(session=...)`, the
   episode id, to a router in front of many engines.
 - Publication: `publish(policy, loaders)` makes a saved policy servable on each
@@ -24,17 +24,13 @@ Logprob convention: each sampled token's logprob under the distribution it was d
 
 from types import FunctionType
 
-from ._config import DEFAULT_RETRY as DEFAULT_RETRY
-from ._config import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from ._config import RetryPolicy as RetryPolicy
 from ._config import Timeout as Timeout
 from ._http import SESSION_HEADER as SESSION_HEADER
-from ._paths import policy_path as policy_path
 from ._publish import ReloadInPlace as ReloadInPlace
 from ._publish import publish as publish
 from ._publish import reload_weights as reload_weights
 from ._seeded import SeededPolicy as SeededPolicy
-from ._seeded import turn_seed as turn_seed
 from ._sglang import SGLangClient as SGLangClient
 from ._tinker import TinkerPolicyClient as TinkerPolicyClient
 from ._types import Completion as Completion
@@ -48,8 +44,6 @@ from ._vllm import load_lora_adapter as load_lora_adapter
 from ._vllm import unload_lora_adapter as unload_lora_adapter
 
 __all__ = [
-    "DEFAULT_RETRY",
-    "DEFAULT_TIMEOUT",
     "SESSION_HEADER",
     "Completion",
     "PolicyClient",
@@ -65,10 +59,8 @@ __all__ = [
     "TokenSink",
     "VLLMClient",
     "load_lora_adapter",
-    "policy_path",
     "publish",
     "reload_weights",
-    "turn_seed",
     "unload_lora_adapter",
 ]
 

@@ -9,34 +9,21 @@ docs/rl.md describes the loop and the run directory's schema.
 
 import inspect
 
-from ._grpo import Episode as Episode
 from ._grpo import GRPOConfig as GRPOConfig
 from ._grpo import Interrupted as Interrupted
 from ._grpo import Run as Run
 from ._grpo import Shape as Shape
-from ._grpo import finished as finished
 from ._grpo import grpo as grpo
-from ._grpo import idle_streak as idle_streak
-from ._grpo import set_aside_counts as set_aside_counts
 from ._grpo import train_on as train_on
-from ._lines import REFUSALS as REFUSALS
-from ._lines import step_line as step_line
-from ._lines import stopped_line as stopped_line
 from ._progress import RunProgress as RunProgress
 from ._runlog import RunLog as RunLog
 from ._step import Metrics as Metrics
 from ._step import train_step as train_step
-from ._train import RESUME_HINT as RESUME_HINT
 from ._train import RUN_SCHEMA as RUN_SCHEMA
-from ._train import claim_run_dir as claim_run_dir
-from ._train import summary as summary
 from ._train import train as train
 
 __all__ = [
-    "REFUSALS",
-    "RESUME_HINT",
     "RUN_SCHEMA",
-    "Episode",
     "GRPOConfig",
     "Interrupted",
     "Metrics",
@@ -44,14 +31,7 @@ __all__ = [
     "RunLog",
     "RunProgress",
     "Shape",
-    "claim_run_dir",
-    "finished",
     "grpo",
-    "idle_streak",
-    "set_aside_counts",
-    "step_line",
-    "stopped_line",
-    "summary",
     "train",
     "train_on",
     "train_step",

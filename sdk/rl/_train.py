@@ -25,9 +25,10 @@ import anyio
 from rich.console import Console
 
 from plies import ConfigError, PolicyRef
+from plies._durable import write_atomic
 from plies.environments import Env, Task
 from plies.policy import TinkerPolicyClient, VLLMClient, publish
-from plies.runtime import EnvPool, Interrupts, RolloutResources, write_atomic
+from plies.runtime import EnvPool, Interrupts, RolloutResources
 from plies.training import Trainer
 
 from ._grpo import Episode, GRPOConfig, Interrupted, Run, finished, grpo

@@ -33,10 +33,10 @@ Contract (other parts of plies build on it):
   overwritten. `PolicyStore.publish(model, tokenizer) -> PolicyRef` writes the next version;
   `PolicyStore.read_ref(path)` reads the `PolicyRef` of a published directory. Reopening a state
   dir finds what was published; the server then serves the latest version.
-- Served names: version k of the store is served as `plies.wire.served_name(k) == "policy-k"`,
-  the one naming rule that clients share. A completion request names its policy with
-  `model`; several policies are served at once, so an episode started on version k can
-  finish on k while new episodes start on k + 1. Every
+- Served names: version k of the store is served as
+  `plies.wire.sampling.served_name(k) == "policy-k"`, the one naming rule that clients share.
+  A completion request names its policy with `model`; several policies are served at once,
+  so an episode started on version k can finish on k while new episodes start on k + 1. Every
   completion response carries `plies_policy`, the `PolicyRef` of the weights that produced it,
   and `/v1/models` lists each served name with its `plies_policy`.
 - Loading and unloading, shaped like vLLM's LoRA endpoints, but taking a *published policy
@@ -66,31 +66,15 @@ Contract (other parts of plies build on it):
 from ._app import create_app as create_app
 from ._config import ServerConfig as ServerConfig
 from ._config import TrainerConfig as TrainerConfig
-from ._engine import Engine as Engine
-from ._engine import EngineStats as EngineStats
-from ._engine import GenerateParams as GenerateParams
-from ._engine import GenerateResult as GenerateResult
 from ._policies import PolicyStore as PolicyStore
-from ._policies import weights_digest as weights_digest
 from ._sampling import processed_logprobs as processed_logprobs
-from ._serve import serve as serve
-from ._state import ServerState as ServerState
-from ._state import server_state as server_state
 
 __all__ = [
-    "Engine",
-    "EngineStats",
-    "GenerateParams",
-    "GenerateResult",
     "PolicyStore",
     "ServerConfig",
-    "ServerState",
     "TrainerConfig",
     "create_app",
     "processed_logprobs",
-    "serve",
-    "server_state",
-    "weights_digest",
 ]
 
 for _name in __all__:

@@ -3,12 +3,11 @@
 - The offline model kit: a real Qwen3 tokenizer and a tiny random Qwen3 model, built from
   installed packages (no model hub) and cached (`qwen3_tokenizer_dir`, `tiny_model_dir`).
 - `ScriptedPolicy`: a policy client that answers each turn from a script, rendered in the
-  model's own tool-call format through the real tokenizer (`render_completion`), so agents
+  model's own tool-call format through the real tokenizer, so agents
   finish tasks through a real gateway with a tiny random model behind nothing; and
   `tiny_model_dir(max_positions=LONG_MAX_POSITIONS)` for the long prompts of agent CLIs.
 - `serve_process` / `serve_process_sync`: start a server that prints one JSON ready line on
-  stdout, hand it out as a `ServerProcess`, stop it on every path (`spawn_server` and
-  `stop_server` are its two halves, for a pool that owns the lifetime); `plies_command`
+  stdout, hand it out as a `ServerProcess`, stop it on every path; `plies_command`
   spells `python -m plies ...` for this interpreter; `free_port` and `closed_url` name a
   loopback port to bind and a URL where nothing answers.
 - `sandbox_processes`: the processes still labelled with a sandbox under a directory, the
@@ -21,60 +20,30 @@ way plies tests itself.
 
 from ._leaks import process_alive as process_alive
 from ._leaks import sandbox_processes as sandbox_processes
-from ._models import DEFAULT_MAX_POSITIONS as DEFAULT_MAX_POSITIONS
-from ._models import FIRST_ADDED_ID as FIRST_ADDED_ID
-from ._models import KIT_VERSION as KIT_VERSION
 from ._models import LONG_MAX_POSITIONS as LONG_MAX_POSITIONS
-from ._models import QWEN3_ADDED_TOKENS as QWEN3_ADDED_TOKENS
-from ._models import VOCAB_SIZE as VOCAB_SIZE
-from ._models import build_qwen3_tokenizer as build_qwen3_tokenizer
-from ._models import build_tiny_model as build_tiny_model
-from ._models import kit_dir as kit_dir
 from ._models import qwen3_tokenizer_dir as qwen3_tokenizer_dir
 from ._models import tiny_model_dir as tiny_model_dir
-from ._models import tree_digest as tree_digest
-from ._scripted import SCRIPTED_POLICY as SCRIPTED_POLICY
-from ._scripted import ScriptAnswer as ScriptAnswer
 from ._scripted import ScriptedPolicy as ScriptedPolicy
-from ._scripted import ScriptStep as ScriptStep
-from ._scripted import render_completion as render_completion
 from ._serve import ServerProcess as ServerProcess
 from ._serve import closed_url as closed_url
 from ._serve import free_port as free_port
 from ._serve import plies_command as plies_command
 from ._serve import serve_process as serve_process
 from ._serve import serve_process_sync as serve_process_sync
-from ._serve import spawn_server as spawn_server
-from ._serve import stop_server as stop_server
 
 __all__ = [
-    "DEFAULT_MAX_POSITIONS",
-    "FIRST_ADDED_ID",
-    "KIT_VERSION",
     "LONG_MAX_POSITIONS",
-    "QWEN3_ADDED_TOKENS",
-    "SCRIPTED_POLICY",
-    "VOCAB_SIZE",
-    "ScriptAnswer",
-    "ScriptStep",
     "ScriptedPolicy",
     "ServerProcess",
-    "build_qwen3_tokenizer",
-    "build_tiny_model",
     "closed_url",
     "free_port",
-    "kit_dir",
     "plies_command",
     "process_alive",
     "qwen3_tokenizer_dir",
-    "render_completion",
     "sandbox_processes",
     "serve_process",
     "serve_process_sync",
-    "spawn_server",
-    "stop_server",
     "tiny_model_dir",
-    "tree_digest",
 ]
 
 for _name in __all__:

@@ -9,9 +9,8 @@
 - `ResponseParser` / `ParsedResponse`: sampled ids to content, reasoning and tool calls with
   transformers' `parse_response` and the response template known for the exact chat template.
 - `PromptDelta`: what a recorder stores per turn (`Turn.from_completion(delta, completion)`).
-- `RendererStatistics` / `MemoStatistics`: how often the renderer's memos served a step or a
-  parse from memory (`renderer.statistics()`).
-- `run_doctor`: the report of `plies doctor` (is this template safe for incremental prompts?).
+- `renderer.statistics()`: how often the renderer's memos served a step or a parse from memory.
+- `plies doctor` reports whether a template is safe for incremental prompts.
 
 Example::
 
@@ -32,37 +31,21 @@ See docs/tito.md for the guarantees and the pitfalls per model family.
 """
 
 from ._choice import TemplateChoice as TemplateChoice
-from ._doctor import run_doctor as run_doctor
-from ._memo import MemoStatistics as MemoStatistics
 from ._parser import ParsedResponse as ParsedResponse
 from ._parser import ResponseParser as ResponseParser
-from ._probe import Fallback as Fallback
 from ._probe import FallbackReason as FallbackReason
-from ._probe import KindVerdict as KindVerdict
-from ._probe import TemplateProfile as TemplateProfile
-from ._probe import TransitionKind as TransitionKind
 from ._renderer import ChatRenderer as ChatRenderer
 from ._renderer import Conversation as Conversation
 from ._renderer import PromptDelta as PromptDelta
-from ._renderer import RendererStatistics as RendererStatistics
-from ._template import Template as Template
 
 __all__ = [
     "ChatRenderer",
     "Conversation",
-    "Fallback",
     "FallbackReason",
-    "KindVerdict",
-    "MemoStatistics",
     "ParsedResponse",
     "PromptDelta",
-    "RendererStatistics",
     "ResponseParser",
-    "Template",
     "TemplateChoice",
-    "TemplateProfile",
-    "TransitionKind",
-    "run_doctor",
 ]
 
 for _name in __all__:

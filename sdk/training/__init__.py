@@ -8,55 +8,38 @@
 - `TinkerTrainingClient` offers the same calls on any Tinker-API service (the `tinker` SDK,
   `plies[tinker]`); `Trainer` is the protocol both implement, what training loops take.
 
-The schemas (`Datum`, `TrainingBatch`, `AdamParams`, results) are defined in
-`plies.wire.training`, shared with the server, and re-exported here. Publishing a saved policy
+The schemas are defined in `plies.wire.training`, shared with the server; the ones a training
+script builds (`Datum`, `TrainingBatch`, `AdamParams`, `LossName`) are re-exported here, the
+results it reads are not. Publishing a saved policy
 to samplers is `plies.policy.publish`. The loop and its guarantees are in docs/training.md.
 """
 
 from ..wire.training import AdamParams as AdamParams
 from ..wire.training import Datum as Datum
-from ..wire.training import ForwardBackwardResult as ForwardBackwardResult
 from ..wire.training import LossName as LossName
-from ..wire.training import OpRecord as OpRecord
-from ..wire.training import OpStatus as OpStatus
-from ..wire.training import OptimStepResult as OptimStepResult
-from ..wire.training import SavePolicyResult as SavePolicyResult
-from ..wire.training import TrainerState as TrainerState
 from ..wire.training import TrainingBatch as TrainingBatch
 from ._advantages import group_advantages as group_advantages
 from ._advantages import grpo_advantages as grpo_advantages
 from ._advantages import training_batch as training_batch
 from ._client import TrainingClient as TrainingClient
-from ._groups import GroupSelection as GroupSelection
-from ._groups import Refusal as Refusal
 from ._groups import RefusalReason as RefusalReason
 from ._groups import Truncated as Truncated
 from ._groups import training_groups as training_groups
 from ._tinker import TinkerTrainingClient as TinkerTrainingClient
-from ._tinker import tinker_checkpoint as tinker_checkpoint
 from ._trainer import Trainer as Trainer
 
 __all__ = [
     "AdamParams",
     "Datum",
-    "ForwardBackwardResult",
-    "GroupSelection",
     "LossName",
-    "OpRecord",
-    "OpStatus",
-    "OptimStepResult",
-    "Refusal",
     "RefusalReason",
-    "SavePolicyResult",
     "TinkerTrainingClient",
     "Trainer",
-    "TrainerState",
     "TrainingBatch",
     "TrainingClient",
     "Truncated",
     "group_advantages",
     "grpo_advantages",
-    "tinker_checkpoint",
     "training_batch",
     "training_groups",
 ]

@@ -13,30 +13,16 @@
 It only reads run directories, so it sits above the core and beside the recipes.
 """
 
-from ._replay import MemberReplay as MemberReplay
-from ._replay import TurnReplay as TurnReplay
 from ._replay import replay_group as replay_group
-from ._replay import sampling_of as sampling_of
-from ._serve import LiveServer as LiveServer
-from ._serve import run_stamp as run_stamp
 from ._serve import serve_live as serve_live
-from ._train_replay import MetricReplay as MetricReplay
-from ._train_replay import StepReplay as StepReplay
 from ._train_replay import replay_step as replay_step
 from ._view import RunView as RunView
 from ._view import write_page as write_page
 
 __all__ = [
-    "LiveServer",
-    "MemberReplay",
-    "MetricReplay",
     "RunView",
-    "StepReplay",
-    "TurnReplay",
     "replay_group",
     "replay_step",
-    "run_stamp",
-    "sampling_of",
     "serve_live",
     "write_page",
 ]

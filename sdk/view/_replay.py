@@ -34,7 +34,9 @@ from anyio.abc import Process
 from pydantic import ValidationError
 
 from plies import ConfigError, Group, PliesError, PolicyRef, Trajectory, Turn
-from plies.policy import SamplingParams, VLLMClient, policy_path, publish, turn_seed
+from plies.policy import SamplingParams, VLLMClient, publish
+from plies.policy._paths import policy_path
+from plies.policy._seeded import turn_seed
 from plies.testing import ServerProcess, plies_command, serve_process
 
 from ._files import JSON_CAP, JSONL_CAP, first_error, iter_lines, read_regular

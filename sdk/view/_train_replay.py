@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from plies import ConfigError, Group, PolicyRef
-from plies.policy import policy_path
+from plies.policy._paths import policy_path
 from plies.training import Trainer, TrainingClient
 
 from ._files import JSONL_CAP, first_error, iter_lines

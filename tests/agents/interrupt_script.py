@@ -37,7 +37,7 @@ from plies.environments import (
 )
 from plies.harness import AgentHarness, McpWorkspaceEnv, MiniSweAgent, WorkspaceEnv
 from plies.runtime import EnvPool, GroupSpec, JsonlSink, RolloutDriver, RolloutResources, run
-from plies.testing import ScriptAnswer
+from plies.testing._scripted import SCRIPTED_POLICY, ScriptAnswer
 
 HARBOR_TASK = ROOT / "examples" / "harbor" / "count-lines"
 
@@ -118,7 +118,7 @@ async def main(interrupts, run_dir: Path, world: str, agents: list[str]) -> None
         async with (
             RolloutResources(pools=pools, report_path=run_dir / "quarantine.json") as resources,
             RolloutDriver(
-                resources, episode, policy=testing.SCRIPTED_POLICY, max_groups_in_flight=None
+                resources, episode, policy=SCRIPTED_POLICY, max_groups_in_flight=None
             ) as driver,
         ):
             sink = JsonlSink(run_dir / "groups.jsonl").open()

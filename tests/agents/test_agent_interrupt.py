@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from agent_kit import AGENTS, agent_installed
 
-from plies.runtime import read_report
+from plies.runtime._report import read_report
 from plies.testing import process_alive
 
 HERE = Path(__file__).parent

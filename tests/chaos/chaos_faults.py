@@ -23,7 +23,7 @@ from chaos_engine import FaultyEngine
 from chaos_lanes import Lane
 from chaos_run import LoopRun
 
-from plies.environments import reap_sandbox
+from plies.environments.reapers import reap_sandbox
 
 KINDS = (
     "sigint-1",

@@ -37,9 +37,10 @@ from chaos_lanes import Lane
 from chaos_run import LoopRun
 
 from plies import PolicyRef, Status
-from plies.runtime import read_groups, read_jsonl, read_report
+from plies.runtime import read_groups, read_jsonl
+from plies.runtime._report import read_report
 from plies.testing import plies_command
-from plies.wire import served_name
+from plies.wire.sampling import served_name
 
 INVARIANTS = ("records", "once", "leaks", "reaped", "resume", "exit")
 FIRST_STEPS, RESUMED_STEPS = 2, 3

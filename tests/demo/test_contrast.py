@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from plies.recipes.blackjack import tool_call_ids
 from plies.recipes.blackjack.contrast import decision_tokens, state_contrast
+from plies.recipes.blackjack.warm_start import tool_call_ids
 from plies.training import Datum, TrainingBatch
 
 

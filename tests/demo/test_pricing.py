@@ -16,15 +16,17 @@ import pytest
 
 from plies.environments import BlackjackEnv
 from plies.environments.blackjack import DECK, BlackjackGame, total, usable_ace
-from plies.recipes.blackjack import BUDGETS, TEMPLATE_KWARGS, harness_for_budget
+from plies.recipes.blackjack import BUDGETS
 from plies.recipes.blackjack.config import (
     ALWAYS_STAND_RETURN,
     EVAL_SEEDS,
     OPTIMAL_RETURN,
     RANDOM_RETURN,
+    TEMPLATE_KWARGS,
 )
 from plies.recipes.blackjack.evaluation import mean_stderr, play_held_out
 from plies.recipes.blackjack.pricing import CELLS, REFERENCES, difference, on_deals, price
+from plies.recipes.blackjack.rewards import harness_for_budget
 from plies.recipes.blackjack.strategy import expected_return, optimal_hits
 from plies.runtime import EnvPool, Interrupts, RolloutResources
 from plies.testing import ScriptedPolicy

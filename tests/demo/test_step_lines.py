@@ -7,7 +7,9 @@ from __future__ import annotations
 from plies import PolicyRef
 from plies.recipes.blackjack import BUDGETS
 from plies.recipes.blackjack.config import MAX_IDLE_BATCHES
-from plies.rl import REFUSALS, RunLog, idle_streak, set_aside_counts, step_line, stopped_line
+from plies.rl import RunLog
+from plies.rl._grpo import idle_streak, set_aside_counts
+from plies.rl._lines import REFUSALS, step_line, stopped_line
 from plies.training import RefusalReason
 
 POLICY = PolicyRef(uri="file:///run/server/policies/7", version=7, digest="")

@@ -18,7 +18,7 @@ from demo_runs import records, wait
 from plies import PolicyRef
 from plies.recipes.blackjack import BUDGETS
 from plies.testing import closed_url, plies_command
-from plies.training import tinker_checkpoint
+from plies.training._tinker import tinker_checkpoint
 
 pytest.importorskip("tinker")
 

@@ -8,8 +8,8 @@ import pytest
 
 from plies import PolicyRef
 from plies.environments import BlackjackEnv, Task
-from plies.recipes.blackjack import TEMPLATE_KWARGS, tool_call_ids, transcripts
-from plies.recipes.blackjack.config import WARM_SEEDS
+from plies.recipes.blackjack.config import TEMPLATE_KWARGS, WARM_SEEDS
+from plies.recipes.blackjack.warm_start import tool_call_ids, transcripts
 from plies.tokens import ChatRenderer
 
 pytestmark = pytest.mark.anyio

@@ -18,6 +18,7 @@ import pytest
 
 from plies import testing
 from plies.server import PolicyStore
+from plies.testing._models import build_tiny_model
 
 VLLM_PYTHON = os.environ.get("PLIES_VLLM_PYTHON")
 READY_TIMEOUT = 420.0
@@ -44,7 +45,7 @@ def vllm_store(tmp_path_factory) -> PolicyStore:
     """Version 0 = the tiny model, version 1 = the same architecture with other weights."""
     root = tmp_path_factory.mktemp("vllm-store")
     store = PolicyStore.open(root / "state", testing.tiny_model_dir())
-    store.publish_dir(testing.build_tiny_model(root / "seed1", seed=1))
+    store.publish_dir(build_tiny_model(root / "seed1", seed=1))
     return store
 
 

@@ -19,7 +19,7 @@ from plies.policy import (
     reload_weights,
     unload_lora_adapter,
 )
-from plies.server import weights_digest
+from plies.server._policies import weights_digest
 from plies.testing import closed_url
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio, pytest.mark.timeout(900)]

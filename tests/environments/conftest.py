@@ -55,7 +55,7 @@ def npm_bin() -> Path:
     import shutil
     import subprocess
 
-    from plies.testing import kit_dir
+    from plies.testing._models import kit_dir
 
     digest = hashlib.sha256(" ".join(NPM_MCP_SERVERS).encode()).hexdigest()[:12]
     root = kit_dir().parent.parent / f"npm-mcp-{digest}"

@@ -17,8 +17,9 @@ from e2b.sandbox_async.commands.command import Commands
 from e2b.sandbox_async.filesystem.filesystem import Filesystem
 
 from plies import SandboxError
-from plies.environments import E2BBackend, SandboxedBlackjackEnv, Task, reap_sandbox
+from plies.environments import E2BBackend, SandboxedBlackjackEnv, Task
 from plies.environments.e2b_backend import idempotency_key
+from plies.environments.reapers import reap_sandbox
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,8 @@ import anyio
 import pytest
 from pydantic import Field
 
-from plies import EnvError, OpenState, ToolError, UsageError
+from plies import EnvError, ToolError, UsageError
+from plies._lifecycle import OpenState
 from plies.environments import BlackjackEnv, Env, Observation, Task, ToolResult, tool
 from plies.environments.blackjack import BlackjackGame, total
 from plies.runtime import HoldsRemote

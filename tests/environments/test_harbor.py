@@ -19,7 +19,8 @@ import pytest
 from scripted_policy import POLICY, ScriptedPolicy
 
 from plies import ConfigError, EnvError, SandboxError, Status
-from plies.environments import Forward, HarborEnv, HarborTask, Task, reap_sandbox
+from plies.environments import Forward, HarborEnv, HarborTask, Task
+from plies.environments.reapers import reap_sandbox
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import SamplingParams
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources

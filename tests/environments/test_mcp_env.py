@@ -21,7 +21,8 @@ import pytest
 from scripted_policy import POLICY, ScriptedPolicy
 
 from plies import ConfigError, EnvError, Status
-from plies.environments import McpEnv, McpHost, McpServer, Task, marked_processes
+from plies.environments import McpEnv, McpHost, McpServer, Task
+from plies.environments.mcp_client import marked_processes
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import SamplingParams
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources

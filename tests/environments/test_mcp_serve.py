@@ -16,7 +16,8 @@ from mcp.client.streamable_http import streamable_http_client
 from scripted_policy import ScriptedPolicy
 
 from plies import Status
-from plies.environments import BlackjackEnv, EnvMcpServer, McpHost, McpServer, Task
+from plies.environments import BlackjackEnv, McpHost, McpServer, Task
+from plies.environments.mcp_server import EnvMcpServer
 from plies.harness import ToolCallingHarness
 from plies.policy import SamplingParams
 from plies.tokens import ChatRenderer

@@ -12,7 +12,9 @@ import anyio
 import pytest
 
 from plies import ConfigError, SandboxError
-from plies.environments import LocalProcessBackend, Sandbox, SandboxBackend, reap_sandbox
+from plies.environments import LocalProcessBackend, SandboxBackend
+from plies.environments.reapers import reap_sandbox
+from plies.environments.sandbox import Sandbox
 from plies.testing import process_alive
 
 pytestmark = pytest.mark.anyio

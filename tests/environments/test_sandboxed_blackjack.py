@@ -20,7 +20,9 @@ from plies.environments import (
     Task,
 )
 from plies.environments.sandboxed import GAME_FILE, STATE_FILE, game_script
-from plies.runtime import EnvPool, LeaseState, RolloutResources, read_report
+from plies.runtime import EnvPool, RolloutResources
+from plies.runtime._lease import LeaseState
+from plies.runtime._report import read_report
 
 pytestmark = pytest.mark.anyio
 

@@ -47,7 +47,7 @@ async def test_warm_policy_plays_through_the_gateway_with_sampled_tool_calls(
     warm_server, qwen3_tokenizer
 ):
     """No scripted answers: the demo's warm-started policy samples every tool call."""
-    from plies.recipes.blackjack import SYSTEM_PROMPT, TEMPLATE_KWARGS
+    from plies.recipes.blackjack.config import SYSTEM_PROMPT, TEMPLATE_KWARGS
 
     async with gateway_stack(
         warm_server,

@@ -35,7 +35,8 @@ from plies.harness import (
     play_groups,
 )
 from plies.policy import SamplingParams
-from plies.testing import SCRIPTED_POLICY, ScriptedPolicy
+from plies.testing import ScriptedPolicy
+from plies.testing._scripted import SCRIPTED_POLICY
 from plies.tokens import ChatRenderer
 
 pytestmark = pytest.mark.anyio

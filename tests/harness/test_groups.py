@@ -13,17 +13,13 @@ import anyio
 import pytest
 from transformers import AutoTokenizer
 
-from plies import ConfigError, EnvError, OpenState, PolicyRef, Status, Trajectory
-from plies.environments import Env, Observation, RemoteRef, Task, ToolResult, tool
-from plies.harness import (
-    DEFAULT_GROUP_SIZE,
-    EnvGroup,
-    StopReason,
-    ToolCallingHarness,
-    play_groups,
-)
+from plies import ConfigError, EnvError, PolicyRef, Status, Trajectory
+from plies._lifecycle import OpenState
+from plies.environments import Env, Observation, Task, ToolResult, tool
+from plies.harness import EnvGroup, StopReason, ToolCallingHarness, play_groups
+from plies.harness.groups import DEFAULT_GROUP_SIZE
 from plies.policy import SamplingParams, VLLMClient
-from plies.runtime import JsonlSink, read_groups
+from plies.runtime import JsonlSink, RemoteRef, read_groups
 from plies.tokens import ChatRenderer
 from plies.training import training_groups
 

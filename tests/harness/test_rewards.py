@@ -7,15 +7,8 @@ import math
 import pytest
 
 from plies import ConfigError
-from plies.harness import (
-    DEFAULT_ILL_FORMED_REWARD,
-    DEFAULT_REWARDS,
-    DEFAULT_UNPAID_REWARD,
-    IllFormedReward,
-    RewardPolicy,
-    TruncationReward,
-    UnpaidReward,
-)
+from plies.harness import IllFormedReward, RewardPolicy, TruncationReward, UnpaidReward
+from plies.harness.rewards import DEFAULT_ILL_FORMED_REWARD, DEFAULT_REWARDS, DEFAULT_UNPAID_REWARD
 
 
 def test_defaults_give_every_ending_a_finite_reward():

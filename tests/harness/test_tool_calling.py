@@ -28,8 +28,6 @@ from plies.environments import (
     tool,
 )
 from plies.harness import (
-    DEFAULT_ILL_FORMED_REWARD,
-    DEFAULT_UNPAID_REWARD,
     EpisodeLimits,
     IllFormedReward,
     RewardPolicy,
@@ -38,8 +36,10 @@ from plies.harness import (
     TruncationReward,
     UnpaidReward,
 )
+from plies.harness.rewards import DEFAULT_ILL_FORMED_REWARD, DEFAULT_UNPAID_REWARD
 from plies.policy import Completion, SamplingParams, SeededPolicy, VLLMClient
-from plies.recipes.blackjack import SYSTEM_PROMPT, TEMPLATE_KWARGS, openenv_server
+from plies.recipes.blackjack.config import SYSTEM_PROMPT, TEMPLATE_KWARGS
+from plies.recipes.blackjack.run import openenv_server
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
 from plies.tokens import ChatRenderer
 

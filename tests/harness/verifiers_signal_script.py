@@ -22,7 +22,8 @@ from plies.gateway import Gateway, GatewayServer
 from plies.harness import VerifiersHarness
 from plies.policy import SamplingParams
 from plies.runtime import JsonlSink, RolloutDriver, RolloutResources, run
-from plies.testing import SCRIPTED_POLICY, ScriptedPolicy, qwen3_tokenizer_dir
+from plies.testing import ScriptedPolicy, qwen3_tokenizer_dir
+from plies.testing._scripted import SCRIPTED_POLICY
 from plies.tokens import ChatRenderer
 
 ADDER = Path(__file__).parent / "verifiers_envs" / "adder.py"

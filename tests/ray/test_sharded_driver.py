@@ -32,8 +32,8 @@ from plies.runtime import (
     RolloutResources,
     ShardedDriver,
     read_groups,
-    read_report,
 )
+from plies.runtime._report import read_report
 from plies.runtime._shard import ShardActor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

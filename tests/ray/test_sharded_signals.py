@@ -24,7 +24,8 @@ from shard_parts import SKIP
 pytest.importorskip("ray.actor", reason=SKIP)
 
 from plies import Status
-from plies.runtime import read_groups, read_report
+from plies.runtime import read_groups
+from plies.runtime._report import read_report
 
 STEPS = ("interrupt: admission stopped", "second interrupt", "third interrupt")
 

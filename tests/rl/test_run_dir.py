@@ -9,7 +9,8 @@ from dataclasses import asdict
 import pytest
 
 from plies import ConfigError
-from plies.rl import RUN_SCHEMA, GRPOConfig, claim_run_dir
+from plies.rl import RUN_SCHEMA, GRPOConfig
+from plies.rl._train import claim_run_dir
 
 
 def test_a_new_directory_is_claimed_and_the_same_settings_resume_it(tmp_path):

@@ -11,7 +11,8 @@ from pathlib import Path
 from anyio.abc import Process
 
 from plies.runtime import process_remote_id
-from plies.testing import ServerProcess, spawn_server, stop_server
+from plies.testing import ServerProcess
+from plies.testing._serve import spawn_server, stop_server
 
 OP_SERVER = Path(__file__).with_name("op_server.py")
 

@@ -16,12 +16,12 @@ from plies.runtime import (
     EnvPool,
     GroupSpec,
     JsonlSink,
-    LiveProgress,
     RolloutDriver,
     RolloutResources,
     read_groups,
     read_jsonl,
 )
+from plies.runtime._progress import LiveProgress
 
 
 @pytest.mark.anyio

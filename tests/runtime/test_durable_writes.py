@@ -26,8 +26,8 @@ from plies.runtime import (
     RolloutDriver,
     RolloutResources,
     read_groups,
-    read_report,
 )
+from plies.runtime._report import read_report
 
 pytestmark = pytest.mark.anyio
 

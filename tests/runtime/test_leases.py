@@ -16,14 +16,14 @@ from plies import LeaseError, PolicyRef, Status, Trajectory, UsageError
 from plies.runtime import (
     EnvPool,
     GroupSpec,
-    LeaseState,
     Pool,
     RemoteRef,
     RolloutDriver,
     RolloutResources,
     SettleWatch,
-    read_report,
 )
+from plies.runtime._lease import LeaseState
+from plies.runtime._report import read_report
 from plies.testing import process_alive
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,8 @@ from event_script import EventScript
 from runtime_helpers import kill_group
 
 from plies import Status
-from plies.runtime import read_groups, read_report
+from plies.runtime import read_groups
+from plies.runtime._report import read_report
 from plies.testing import process_alive, serve_process_sync
 
 HERE = Path(__file__).parent

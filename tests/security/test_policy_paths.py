@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from plies.server import PolicyStore
-from plies.testing import build_tiny_model
+from plies.testing._models import build_tiny_model
 
 SECRET = "SECRET-CONTENT-the-server-must-never-echo"
 
@@ -48,7 +48,7 @@ def refused(resp: httpx.Response, says: str) -> None:
 
 
 def test_a_policy_outside_the_state_dir_is_refused_unless_allowed(server, layout):
-    from plies.policy import policy_path
+    from plies.policy._paths import policy_path
 
     refused(load(server, "out", policy_path(layout["outside"])), "is outside the directories")
     refused(load(server, "nowhere", layout["root"] / "missing"), "does not exist")
@@ -58,7 +58,7 @@ def test_a_policy_outside_the_state_dir_is_refused_unless_allowed(server, layout
 
 
 def test_a_symlink_out_of_the_state_dir_is_refused(server, layout):
-    from plies.policy import policy_path
+    from plies.policy._paths import policy_path
 
     link = server.state_dir / "escape"
     link.symlink_to(policy_path(layout["outside"]), target_is_directory=True)

@@ -12,13 +12,9 @@ from pathlib import Path
 import pytest
 
 from plies import ConfigError
-from plies.runtime import (
-    QuarantineRecord,
-    QuarantineReport,
-    process_remote_id,
-    read_report,
-    reap_process,
-)
+from plies.runtime import QuarantineReport, process_remote_id
+from plies.runtime._reap import reap_process
+from plies.runtime._report import QuarantineRecord, read_report
 from plies.testing import plies_command, process_alive
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]

@@ -18,11 +18,11 @@ from plies.policy import (
     Timeout,
     VLLMClient,
     load_lora_adapter,
-    policy_path,
     unload_lora_adapter,
 )
+from plies.policy._paths import policy_path
 from plies.server import PolicyStore
-from plies.testing import build_tiny_model
+from plies.testing._models import build_tiny_model
 
 PROMPT = [9707, 11, 1879, 0, 151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30]
 

@@ -8,7 +8,7 @@ import pytest
 
 from plies import PolicyRef, PolicyResponseError
 from plies.policy import SamplingParams, Timeout, VLLMClient
-from plies.server import serve
+from plies.server._serve import serve
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ import math
 import torch
 
 from plies.server._sampling import RowParams, certain_tokens, processed_logprobs, sample_rows
-from plies.testing import VOCAB_SIZE
+from plies.testing._models import VOCAB_SIZE
 
 
 def peaked(heads: list[float], seed: int) -> torch.Tensor:

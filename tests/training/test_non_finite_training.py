@@ -22,7 +22,7 @@ from plies.server import PolicyStore
 from plies.server._losses import batch_loss
 from plies.server._trainer import NonFiniteLoss, Trainer
 from plies.training import Datum, TrainingBatch
-from plies.wire import ForwardBackwardRequest, ForwardBackwardResult, OptimStepResult
+from plies.wire.training import ForwardBackwardRequest, ForwardBackwardResult, OptimStepResult
 
 
 def poisoned(*, logprob: float | None = None, advantage: float | None = None) -> TrainingBatch:

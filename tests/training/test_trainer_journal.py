@@ -13,10 +13,16 @@ import torch
 from training_batches import random_batch
 
 from plies import ConfigError, TrainingError, TrainingGradientsLost
-from plies.server import PolicyStore, TrainerConfig, weights_digest
+from plies.server import PolicyStore, TrainerConfig
+from plies.server._policies import weights_digest
 from plies.server._trainer import OpConflict, Trainer
-from plies.training import AdamParams, OpStatus, TrainingBatch
-from plies.wire import ForwardBackwardRequest, OptimStepRequest, SavePolicyRequest
+from plies.training import AdamParams, TrainingBatch
+from plies.wire.training import (
+    ForwardBackwardRequest,
+    OpStatus,
+    OptimStepRequest,
+    SavePolicyRequest,
+)
 
 ADAM = AdamParams(lr=1e-2)
 

@@ -14,7 +14,7 @@ from plies.server._losses import batch_loss
 from plies.server._sampling import TOP_P_HEAD
 from plies.server._trainer import Trainer
 from plies.training import AdamParams, Datum, TrainingBatch
-from plies.wire import ForwardBackwardRequest, OptimStepRequest
+from plies.wire.training import ForwardBackwardRequest, OptimStepRequest
 
 TEMPERATURE = 0.7
 

@@ -25,13 +25,8 @@ from plies import (
     UsageError,
 )
 from plies.policy import SamplingParams, VLLMClient, publish
-from plies.training import (
-    AdamParams,
-    ForwardBackwardResult,
-    OpStatus,
-    TrainingBatch,
-    TrainingClient,
-)
+from plies.training import AdamParams, TrainingBatch, TrainingClient
+from plies.wire.training import ForwardBackwardResult, OpStatus
 
 pytestmark = pytest.mark.anyio
 

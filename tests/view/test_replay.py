@@ -17,7 +17,7 @@ from plies import Trajectory
 from plies.policy import SamplingParams
 from plies.runtime import JsonlSink, read_groups
 from plies.testing import plies_command
-from plies.view import sampling_of
+from plies.view._replay import sampling_of
 
 TURN = re.compile(
     r"member (\d+) turn (\d+) policy v(\d+): (\d+)/(\d+) tokens, "
@@ -219,7 +219,8 @@ def test_replay_train_only_names_what_the_run_lacks_for_a_step(demo_run, tmp_pat
 
 @pytest.mark.anyio
 async def test_seeded_policy_seeds_each_request_from_its_episode_and_prompt(policy_server):
-    from plies.policy import SamplingParams, SeededPolicy, VLLMClient, turn_seed
+    from plies.policy import SamplingParams, SeededPolicy, VLLMClient
+    from plies.policy._seeded import turn_seed
 
     prompt = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30]
     params = SamplingParams(max_tokens=8, temperature=1.0)

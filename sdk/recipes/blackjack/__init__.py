@@ -47,70 +47,16 @@ but were not trained on yet are trained first.
 `examples/blackjack_grpo.py` is the same job written out compactly on `plies.rl.train`.
 """
 
-from .config import ALWAYS_STAND_RETURN as ALWAYS_STAND_RETURN
 from .config import BUDGETS as BUDGETS
-from .config import EVAL_SEEDS as EVAL_SEEDS
-from .config import MAX_STALENESS as MAX_STALENESS
-from .config import OPTIMAL_RETURN as OPTIMAL_RETURN
-from .config import RANDOM_RETURN as RANDOM_RETURN
-from .config import SYSTEM_PROMPT as SYSTEM_PROMPT
-from .config import TEMPLATE_KWARGS as TEMPLATE_KWARGS
-from .config import TRAIN_SEEDS as TRAIN_SEEDS
-from .config import WARM_SEEDS as WARM_SEEDS
 from .config import Budget as Budget
 from .config import DemoConfig as DemoConfig
-from .evaluation import EvalResult as EvalResult
-from .evaluation import evaluate as evaluate
-from .evaluation import play_held_out as play_held_out
-from .grpo import grpo as grpo
-from .report import plot_curve as plot_curve
-from .report import plot_strategy as plot_strategy
-from .report import write_summary as write_summary
-from .rewards import FORFEIT as FORFEIT
-from .rewards import FORFEIT_REWARDS as FORFEIT_REWARDS
-from .rewards import harness_for_budget as harness_for_budget
 from .run import main as main
-from .run import openenv_server as openenv_server
-from .run import policy_server as policy_server
-from .state import RunState as RunState
-from .strategy import optimal_hits as optimal_hits
-from .strategy import strategy_table as strategy_table
-from .warm_start import tool_call_ids as tool_call_ids
-from .warm_start import transcripts as transcripts
-from .warm_start import warm_start as warm_start
 
 __all__ = [
-    "ALWAYS_STAND_RETURN",
     "BUDGETS",
-    "EVAL_SEEDS",
-    "FORFEIT",
-    "FORFEIT_REWARDS",
-    "MAX_STALENESS",
-    "OPTIMAL_RETURN",
-    "RANDOM_RETURN",
-    "SYSTEM_PROMPT",
-    "TEMPLATE_KWARGS",
-    "TRAIN_SEEDS",
-    "WARM_SEEDS",
     "Budget",
     "DemoConfig",
-    "EvalResult",
-    "RunState",
-    "evaluate",
-    "grpo",
-    "harness_for_budget",
     "main",
-    "openenv_server",
-    "optimal_hits",
-    "play_held_out",
-    "plot_curve",
-    "plot_strategy",
-    "policy_server",
-    "strategy_table",
-    "tool_call_ids",
-    "transcripts",
-    "warm_start",
-    "write_summary",
 ]
 
 for _name in __all__:  # reprs name the package, not the module inside it

@@ -12,7 +12,7 @@ from typing import Any
 
 from plies import ConfigError, Group, PolicyRef, rl
 from plies.environments import Task
-from plies.policy import policy_path
+from plies.policy._paths import policy_path
 from plies.rl import Run, Shape, train_on
 from plies.training import Trainer
 

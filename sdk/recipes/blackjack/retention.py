@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from plies import PolicyRef, TrainingError
-from plies.runtime import fsync_dir, write_atomic
+from plies._durable import fsync_dir, write_atomic
 from plies.training import TinkerTrainingClient
 
 from .config import MAX_STALENESS

@@ -22,6 +22,7 @@ import anyio
 from rich.console import Console
 
 from plies import ConfigError, PolicyRef
+from plies._durable import write_atomic
 from plies.environments import (
     BlackjackEnv,
     E2BBackend,
@@ -33,8 +34,9 @@ from plies.environments import (
     SandboxedBlackjackEnv,
 )
 from plies.policy import SeededPolicy
-from plies.rl import RESUME_HINT, RUN_SCHEMA, Interrupted, RunLog, RunProgress
-from plies.runtime import EnvPool, Interrupts, RolloutResources, run, write_atomic
+from plies.rl import RUN_SCHEMA, Interrupted, RunLog, RunProgress
+from plies.rl._train import RESUME_HINT
+from plies.runtime import EnvPool, Interrupts, RolloutResources, run
 from plies.testing import plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer
 
