@@ -50,10 +50,19 @@ def report_of(path: Path, *remote_ids: str) -> Path:
 
 
 @pytest.mark.anyio
-async def test_a_bare_pid_is_refused(leader):
-    with pytest.raises(ConfigError, match="is not 'pid@starttime'"):
-        await reap_process(str(leader.pid))
-    assert process_alive(leader.pid)
+@pytest.mark.parametrize(
+    ("process", "mark", "refusal"),
+    [
+        ("leader", str, "is not 'pid@starttime'"),
+        ("follower", process_remote_id, "no longer leads its process group"),
+    ],
+    ids=["a bare pid", "a pid that does not lead its group"],
+)
+async def test_a_refused_mark_leaves_its_process_alone(request, process, mark, refusal):
+    proc = request.getfixturevalue(process)
+    with pytest.raises(ConfigError, match=refusal):
+        await reap_process(mark(proc.pid))
+    assert process_alive(proc.pid)
 
 
 @pytest.mark.anyio
@@ -65,13 +74,6 @@ async def test_the_reapers_own_group_is_never_signalled():
             await reap_process(f"{pid}@1")
     with pytest.raises(ConfigError, match="refusing to signal process group"):
         await reap_process(process_remote_id(os.getpid()))  # its true mark changes nothing
-
-
-@pytest.mark.anyio
-async def test_a_pid_that_does_not_lead_its_group_is_left_alone(follower):
-    with pytest.raises(ConfigError, match="no longer leads its process group"):
-        await reap_process(process_remote_id(follower.pid))
-    assert process_alive(follower.pid)
 
 
 @pytest.mark.anyio

@@ -158,6 +158,25 @@ class Outcome:
         )
 
 
+def full_render(
+    tok: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    generation_prompt: bool = True,
+    **template_kwargs: Any,
+) -> list[int]:
+    """The template's own render of the whole history, as ids: what a renderer's prompt (or,
+    without the generation prompt, prompt plus completion) must equal."""
+    return tok.apply_chat_template(
+        messages,
+        tools=tools,
+        add_generation_prompt=generation_prompt,
+        tokenize=True,
+        return_dict=False,
+        **template_kwargs,
+    )
+
+
 def play(
     tok: Any, renderer: Any, episode: dict[str, Any], template_kwargs: dict[str, Any], close_id: int
 ) -> Outcome:
@@ -174,15 +193,8 @@ def play(
     from plies import TokenizationError
 
     def full(messages, tools, generation_prompt=True):
-        return tok.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=generation_prompt,
-            tokenize=True,
-            return_dict=False,
-            chat_template=renderer.chat_template,
-            **template_kwargs,
-        )
+        kwargs = {"chat_template": renderer.chat_template, **template_kwargs}
+        return full_render(tok, messages, tools, generation_prompt, **kwargs)
 
     def template_render(turn: int) -> list[int] | None:
         """The template's render of the history so far; None where the template cannot

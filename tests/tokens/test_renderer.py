@@ -14,6 +14,7 @@ from _token_episodes import (
     assistant,
     call,
     chat_episode,
+    full_render,
     play,
     tool,
     tool_episode,
@@ -87,15 +88,8 @@ def _blackjack_like(renderer, tok, hands: int) -> list[list]:
             parsed = conv.add_completion(tok.encode(text, add_special_tokens=False))
             assert [c["function"]["name"] for c in parsed.tool_calls] == [name]
             conv.add_messages([tool(name, f"you drew a {k + 2}; total {14 + k}")])
-            expected = tok.apply_chat_template(
-                conv.messages,
-                tools=BLACKJACK_TOOLS,
-                chat_template=renderer.chat_template,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-                enable_thinking=False,
-            )
+            template = {"chat_template": renderer.chat_template, "enable_thinking": False}
+            expected = full_render(tok, conv.messages, BLACKJACK_TOOLS, **template)
             assert conv.render() == expected  # against the template in use
             per_hand.append(conv.delta)
         deltas.append(per_hand)

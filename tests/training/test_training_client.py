@@ -7,9 +7,11 @@ Crashes are placed by holding the trainer at a fault point (the servers run with
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import anyio
 import httpx
@@ -95,6 +97,13 @@ async def in_flight(
         yield sent
 
 
+@pytest.fixture
+def restart(tmp_path, start_server, port) -> Callable[[], Any]:
+    """Start the trainer on the test's state dir and port; called again after a kill, it is
+    the same trainer restarted: same journal, same URL, so the client can ask it again."""
+    return partial(start_server, tmp_path, port=port)
+
+
 async def test_replayed_op_ids_return_the_original_result_and_publish_serves(
     tmp_path, start_server
 ):
@@ -158,16 +167,14 @@ async def test_replayed_op_ids_return_the_original_result_and_publish_serves(
     ]
 
 
-async def test_killed_before_the_gradients_were_applied_the_step_applies_once(
-    tmp_path, start_server, port
-):
-    server = start_server(tmp_path, port=port)
+async def test_killed_before_the_gradients_were_applied_the_step_applies_once(tmp_path, restart):
+    server = restart()
     await hold(server.url, "before_apply")
     async with TrainingClient(server.url, reconcile_timeout=120) as trainer:
         async with in_flight(trainer, server.url) as sent:
             server.kill()  # the request is in flight and unanswered
             assert not (tmp_path / "trainer" / "journal.jsonl").exists()
-            await anyio.to_thread.run_sync(lambda: start_server(tmp_path, port=port))
+            await anyio.to_thread.run_sync(restart)
         # The client asked the restarted server, learnt the op was never applied, and sent
         # it again under the same id: applied once, in the new generation.
         assert sent.outcome().generation == 2
@@ -182,16 +189,16 @@ async def test_killed_before_the_gradients_were_applied_the_step_applies_once(
 
 
 async def test_killed_after_applying_but_before_answering_is_reported_lost_not_applied(
-    tmp_path, start_server, port
+    tmp_path, restart
 ):
-    server = start_server(tmp_path, port=port)
+    server = restart()
     await hold(server.url, "before_answer")
     async with TrainingClient(server.url, reconcile_timeout=120) as trainer:
         async with in_flight(trainer, server.url, applied=True) as sent:
             # Applied and journaled, but the answer was never sent.
             assert [r["op_id"] for r in journal(tmp_path)] == ["s1-fb"]
             server.kill()
-            await anyio.to_thread.run_sync(lambda: start_server(tmp_path, port=port))
+            await anyio.to_thread.run_sync(restart)
         with pytest.raises(TrainingGradientsLost, match="lost its gradients") as err:
             sent.outcome()
         assert err.value.op_ids == ["s1-fb"]
@@ -206,10 +213,8 @@ async def test_killed_after_applying_but_before_answering_is_reported_lost_not_a
     assert journal(tmp_path)[-1]["consumed"] == ["s1-fb-redo"]
 
 
-async def test_unreachable_trainer_quarantines_the_session_until_reconciled(
-    tmp_path, start_server, port
-):
-    server = start_server(tmp_path, port=port)
+async def test_unreachable_trainer_quarantines_the_session_until_reconciled(tmp_path, restart):
+    server = restart()
     await hold(server.url, "before_apply")
     async with TrainingClient(server.url, reconcile_timeout=2) as trainer:
         async with in_flight(trainer, server.url) as sent:
@@ -223,7 +228,7 @@ async def test_unreachable_trainer_quarantines_the_session_until_reconciled(
             await trainer.optim_step(ADAM)
         with pytest.raises(TrainingQuarantined, match="asking again failed"):
             await trainer.reconcile()
-        await anyio.to_thread.run_sync(lambda: start_server(tmp_path, port=port))
+        await anyio.to_thread.run_sync(restart)
         assert await trainer.reconcile() is None  # never applied; the caller decides
         assert trainer.quarantined is None
         await trainer.forward_backward(batch(), op_id="s1-fb")
