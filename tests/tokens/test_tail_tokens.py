@@ -11,20 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import _token_episodes
 import pytest
 import trl
-from _token_episodes import (
-    SEARCH,
-    SYSTEM,
-    WEATHER,
-    assistant,
-    call,
-    full_render,
-    play,
-    tool,
-    tool_episode,
-    user,
-)
+from _token_episodes import SEARCH, SYSTEM, WEATHER, assistant, call, play, tool, tool_episode, user
 from transformers import AutoTokenizer
 
 from plies.tokens import ChatRenderer
@@ -54,7 +44,9 @@ def _tok(qwen3_tokenizer_dir: Path, *added: str):
 
 def _full(tok, messages, tools=None, generation_prompt=True):
     """The whole render, control-token text in content encoded as plain text (docs/tito.md)."""
-    return full_render(tok, messages, tools, generation_prompt, sanitize_control_tokens=True)
+    return _token_episodes.full_render(
+        tok, messages, tools, generation_prompt, sanitize_control_tokens=True
+    )
 
 
 def _sample(tok, history, message, tools=None) -> list[int]:
