@@ -7,6 +7,10 @@ scales every weight by minus infinity; `lr=1e39` is infinite in float32. So the 
 bounded (`check_adam`), and since extreme but finite gradients can still overflow a moment
 (`g * g` past 3.4e38) or an update, every step is checked after it is taken
 (`step_or_roll_back`): weights and Adam moments all finite, or the step is undone.
+
+`adam_step` is the whole step both wires take (the native trainer's `optim_step` and a
+Tinker tenant's): gradient norm, refusal of a norm that is not finite, the settings, the
+clip, the checked step. Each wire only words the refusal (`StepRefused`) its own way.
 """
 
 from __future__ import annotations
@@ -14,10 +18,21 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MAX_BETA", "MAX_EPS", "MAX_LR", "MIN_EPS", "check_adam", "step_or_roll_back"]
+__all__ = [
+    "MAX_BETA",
+    "MAX_EPS",
+    "MAX_LR",
+    "MIN_EPS",
+    "AdamSettings",
+    "StepRefused",
+    "adam_step",
+    "check_adam",
+    "step_or_roll_back",
+]
 
 MAX_LR = 10.0
 """The largest learning rate: an Adam update moves each weight by about `lr`, so past this a
@@ -80,3 +95,67 @@ def step_or_roll_back(optimizer: torch.optim.Optimizer, params: Sequence[torch.T
             q.copy_(w)
     optimizer.load_state_dict(state)
     return False
+
+
+@dataclass(frozen=True)
+class AdamSettings:
+    """One step's AdamW settings, as both wires take them (`check_adam` bounds them first).
+
+    `grad_clip`: the gradient norm to clip to, or None for no clipping.
+    """
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    grad_clip: float | None = None
+
+
+class StepRefused(ArithmeticError):
+    """An AdamW step that was not taken, for a number that is not finite: the weights and the
+    optimizer state are as they were. `reason` says which number; `norm` is the gradient norm
+    (before clipping)."""
+
+    def __init__(self, reason: str, norm: float):
+        super().__init__(reason)
+        self.reason = reason
+        self.norm = norm
+
+
+def _grad_norm(params: Sequence[torch.Tensor]) -> float:
+    """The 2-norm of every gradient of `params` together; 0 when none has one (every
+    trained token was certain under a top-p cut, or no loss term reached them)."""
+    norms = [torch.linalg.vector_norm(q.grad) for q in params if q.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def adam_step(
+    optimizer: torch.optim.AdamW | None, params: Sequence[torch.Tensor], settings: AdamSettings
+) -> tuple[torch.optim.AdamW, float]:
+    """One AdamW step with `settings` on the gradients of `params`; the optimizer (made here
+    at the first step, so a refused first step leaves none) and the gradient norm before
+    clipping. The gradients are left for the caller to clear.
+
+    Raises:
+        StepRefused: the gradient norm is not finite (nothing stepped), or the step would
+            leave a weight or moment that is not finite (undone, `step_or_roll_back`).
+    """
+    norm = _grad_norm(params)
+    if not math.isfinite(norm):
+        raise StepRefused(f"the gradient norm is not finite ({norm})", norm)
+    opt = optimizer if optimizer is not None else torch.optim.AdamW(params)
+    for group in opt.param_groups:
+        group.update(
+            lr=settings.lr,
+            betas=(settings.beta1, settings.beta2),
+            eps=settings.eps,
+            weight_decay=settings.weight_decay,
+        )
+    if settings.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+    if not step_or_roll_back(opt, params):
+        raise StepRefused(
+            "the step would have left a weight or an Adam moment that is not finite", norm
+        )
+    return opt, norm

@@ -13,6 +13,10 @@
 - `base`: the policy version the trainer started from, read while no checkpoint exists.
 - `generation`: bumped each time the trainer opens, so results name the process lifetime
   that holds their gradients.
+
+The Tinker API's op logs (`_tinker/_oplog.py`) are the same ledger: a `Journal` of their own
+records, and their state checkpoints are `Checkpoints` too (written by `write_dir`, before the
+`done` line they carry inside), so both wires make an op durable the same way.
 """
 
 from __future__ import annotations
@@ -22,15 +26,14 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from .._durable import append_line, fsync_dir, fsync_tree, write_atomic
 from .._exceptions import TrainingError
 
-__all__ = ["Batches", "Checkpoints", "Journal", "bump_generation"]
+__all__ = ["Batches", "Checkpoints", "Journal", "bump_generation", "write_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +148,25 @@ class Batches:
         return self.root / f"{name}.json"
 
 
+def write_dir(target: Path, fill: Callable[[Path], None]) -> None:
+    """Write the directory `target` whole or not at all: `fill` writes its files into a temp
+    directory beside it (`.tmp-*`), which is fsynced and renamed over `target`."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}.", dir=target.parent))
+    try:
+        fill(tmp)
+        fsync_tree(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(target.parent)
+
+
 class Checkpoints:
-    """Model and optimizer snapshots, one directory per step, `CURRENT` naming the last."""
+    """State snapshots, one directory per step (or `seq_id`), `CURRENT` naming the last."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -168,21 +188,11 @@ class Checkpoints:
             raise TrainingError(f"{current} names {path}, which is not a complete checkpoint")
         return path
 
-    def write(
-        self, step: int, model: Any, optimizer: torch.optim.Optimizer, record: dict[str, Any]
-    ) -> None:
-        """Write step `step` (with the journal `record` of the optim_step inside) and make it
-        `CURRENT`: written to a temp directory, fsynced, renamed into place."""
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
-        model.save_pretrained(tmp)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "record": record}))
-        fsync_tree(tmp)
-        final = self.root / str(step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        fsync_dir(self.root)
+    def write(self, step: int, fill: Callable[[Path], None]) -> None:
+        """Write checkpoint `step` and make it `CURRENT`. `fill` writes its files, `meta.json`
+        among them with the journal record of the op it follows inside: it is written before
+        that record is journaled, so a reopen repairs a crash between the two."""
+        write_dir(self.root / str(step), fill)
         write_atomic(self.root / "CURRENT", f"{step}\n".encode())
 
     def prune(self, step: int, keep: int) -> None:

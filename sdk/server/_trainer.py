@@ -36,7 +36,7 @@ from .._durable import write_atomic
 from .._exceptions import ConfigError, TrainingError, TrainingGradientsLost
 from ..trajectory import PolicyRef
 from ..wire import training as wire
-from ._adam import check_adam, step_or_roll_back
+from ._adam import AdamSettings, StepRefused, adam_step, check_adam
 from ._config import TrainerConfig
 from ._faults import FaultPoint, Faults
 from ._journal import Batches, Checkpoints, Journal, bump_generation
@@ -497,31 +497,24 @@ class Trainer:
     def _apply_adam(self, req: wire.OptimStepRequest) -> dict[str, float]:
         p = req.adam
         params = [q for q in self.model.parameters() if q.requires_grad]
-        if self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(params, lr=p.lr)
-        for group in self.optimizer.param_groups:
-            group.update(lr=p.lr, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay)
-        norms = [torch.linalg.vector_norm(q.grad) for q in params if q.grad is not None]
-        # No gradient at all: every trained token was certain under a top-p cut.
-        norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
-        if not math.isfinite(norm):
+        settings = AdamSettings(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip)
+        try:
+            self.optimizer, norm = adam_step(self.optimizer, params, settings)
+        except StepRefused as exc:
             held = self._discard_gradients()
+            if not math.isfinite(exc.norm):
+                raise TrainingGradientsLost(
+                    f"optim_step {req.op_id}: the gradient norm of {held} is {exc.norm}; "
+                    "nothing was stepped, the weights are unchanged and these gradients were "
+                    "discarded",
+                    op_ids=held,
+                ) from None
             raise TrainingGradientsLost(
-                f"optim_step {req.op_id}: the gradient norm of {held} is {norm}; nothing was "
-                "stepped, the weights are unchanged and these gradients were discarded",
+                f"optim_step {req.op_id}: {exc.reason} (lr {p.lr:g}, eps {p.eps:g}, "
+                f"weight_decay {p.weight_decay:g}, gradient norm {exc.norm:g}); it was undone, "
+                f"the weights are unchanged and the gradients of {held} were discarded",
                 op_ids=held,
-            )
-        if p.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
-        if not step_or_roll_back(self.optimizer, params):
-            held = self._discard_gradients()
-            raise TrainingGradientsLost(
-                f"optim_step {req.op_id}: the step would have left a weight or an Adam moment "
-                f"that is not finite (lr {p.lr:g}, eps {p.eps:g}, weight_decay "
-                f"{p.weight_decay:g}, gradient norm {norm:g}); it was undone, the weights are "
-                f"unchanged and the gradients of {held} were discarded",
-                op_ids=held,
-            )
+            ) from None
         self.model.zero_grad(set_to_none=True)
         self.step += 1
         return {
@@ -549,7 +542,14 @@ class Trainer:
     def _checkpoint(self, record: dict[str, Any]) -> None:
         """Write model + optimizer as of `record`'s step; older checkpoints and the batches
         it covers are no longer needed."""
-        self.checkpoints.write(self.step, self.model, self.optimizer, record)
+        model, optimizer, meta = self.model, self.optimizer, {"step": self.step, "record": record}
+
+        def fill(directory: Path) -> None:
+            model.save_pretrained(directory)
+            torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+            (directory / "meta.json").write_text(json.dumps(meta))
+
+        self.checkpoints.write(self.step, fill)
         self._checkpointed_at = time.monotonic()
         self.checkpoints.prune(self.step, self.config.keep_checkpoints)
         self.batches.keep_only({self._records[op]["digest"] for op in self._pending})

@@ -76,6 +76,16 @@ class Restartable:
     def next_seq(self, model_id: str) -> int:
         return max(r["seq"] for r in self.journal(model_id)) + 1
 
+    def answered(self, model_id: str, kind: str) -> tuple[str, int, dict]:
+        """The last op of `kind` the log settled: its request id, how many `done` lines it
+        has, and what `retrieve_future` answers for it now."""
+        log = self.journal(model_id)
+        rid = next(r["rid"] for r in reversed(log) if r["event"] == "submit" and r["kind"] == kind)
+        done = sum(1 for r in log if r["event"] == "done" and r["rid"] == rid)
+        resp = httpx.post(f"{self.url}/api/v1/retrieve_future", json={"request_id": rid})
+        resp.raise_for_status()
+        return rid, done, resp.json()
+
     def wait_for(self, model_id: str, event: str, seq: int) -> None:
         """Until the op log holds the `event` (submit or done) line of op `seq`."""
         deadline = time.monotonic() + 60
@@ -118,6 +128,8 @@ def test_kill_9_mid_forward_backward_and_mid_optim_step_applies_every_step_once(
         sampler = tc.save_weights_and_get_sampling_client().result()
         path = tc.save_weights_for_sampler("after-1").result().path
         named = client.create_sampling_client(model_path=path).result()
+        # An optim_step answered before the kill is answered the same after it, from the log.
+        answered = server.answered(tc.model_id, "optim_step")
         # 1. Killed mid-forward_backward: accepted and journaled, its gradients not added.
         seq = server.next_seq(tc.model_id)
         server.hold("before_apply")
@@ -125,6 +137,7 @@ def test_kill_9_mid_forward_backward_and_mid_optim_step_applies_every_step_once(
         server.wait_for(tc.model_id, "submit", seq)
         server.kill()
         server.start()
+        assert server.answered(tc.model_id, "optim_step") == answered
         losses.append(fb.result().metrics["loss:sum"])
         tc.optim_step(ADAM).result()
 

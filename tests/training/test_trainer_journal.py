@@ -1,13 +1,15 @@
 """The trainer's op journal on the tiny model: replay, lost gradients, restarts, snapshots.
 
-A "restart" here reopens `Trainer` from the same state dir in process, which is what a new
-server process does; the subprocess crash tests are in test_training_client.py.
+A "restart" here mostly reopens `Trainer` from the same state dir in process, which is what a
+new server process does; the last test SIGKILLs a real `plies serve` instead (the client's
+crash tests are in test_training_client.py).
 """
 
 from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 import torch
 from training_batches import random_batch
@@ -199,3 +201,32 @@ def test_save_policy_publishes_immutable_versions_exactly_once(state):
     assert second.version == 2 and second.digest == ref.digest
     assert (path / "model.safetensors").stat().st_mtime_ns == mtime
     assert Trainer.open(state_dir, store).state().policy == second
+
+
+def test_kill_9_answers_every_op_id_answered_before_it_the_same_and_applies_none_twice(
+    tmp_path, start_server, port
+):
+    """An `optim_step` answered, then `kill -9` of `plies serve` and a restart: each op id
+    sent again gets the answer it got before (from the journal, not a second application),
+    and the trainer's step is where the answered ops left it. Plain HTTP, so the server
+    answers and not the client's own op ledger."""
+
+    def post(url: str, route: str, req) -> dict:
+        body = req.model_dump(mode="json")
+        resp = httpx.post(f"{url}/v1/training/{route}", json=body, timeout=120)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    server = start_server(tmp_path, port=port)
+    ops = [("forward_backward", fb("s1-fb")), ("optim_step", step("s1-step", ["s1-fb"]))]
+    answered = [post(server.url, route, req) for route, req in ops]
+    answered.append(post(server.url, "save_policy", SavePolicyRequest(op_id="s1-save")))
+    ops.append(("save_policy", SavePolicyRequest(op_id="s1-save")))
+    server.kill()
+    server = start_server(tmp_path, port=port)
+    assert [post(server.url, route, req) for route, req in ops] == answered
+    state = httpx.get(f"{server.url}/v1/training/state", timeout=60).json()
+    assert (state["generation"], state["step"], state["pending"]) == (2, 1, [])
+    assert httpx.get(f"{server.url}/v1/training/ops/s1-fb").json()["status"] == "applied"
+    lines = (tmp_path / "trainer" / "journal.jsonl").read_text().splitlines()
+    assert [json.loads(x)["op_id"] for x in lines] == ["s1-fb", "s1-step", "s1-save"]

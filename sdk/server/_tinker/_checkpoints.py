@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,7 +25,8 @@ from typing import Any
 
 import torch
 
-from ..._durable import fsync_dir, fsync_tree, write_atomic
+from ..._durable import fsync_dir, write_atomic
+from .._journal import write_dir
 from .._quote import quoted
 from ._errors import TinkerRequestError
 
@@ -43,6 +43,7 @@ __all__ = [
     "run_dir_name",
     "sampler_entry",
     "write_state",
+    "write_state_files",
 ]
 
 RUN_FILE = "run.json"
@@ -114,23 +115,16 @@ class SavedState:
 
 
 def write_state(target: Path, state: SavedState) -> None:
-    """Write `state` as the directory `target`, whole or not at all: a temp directory beside
-    it, fsynced, then renamed over it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}.", dir=target.parent))
-    try:
-        torch.save(state.trainable, tmp / "trainable.pt")
-        if state.optimizer is not None:
-            torch.save(state.optimizer, tmp / "optimizer.pt")
-        (tmp / "meta.json").write_text(json.dumps({**state.meta, "time": time.time()}))
-        fsync_tree(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(target.parent)
+    """Write `state` as the directory `target`, whole or not at all (`_journal.write_dir`)."""
+    write_dir(target, lambda directory: write_state_files(directory, state))
+
+
+def write_state_files(directory: Path, state: SavedState) -> None:
+    """Write `state`'s files into `directory`, as `read_state` reads them."""
+    torch.save(state.trainable, directory / "trainable.pt")
+    if state.optimizer is not None:
+        torch.save(state.optimizer, directory / "optimizer.pt")
+    (directory / "meta.json").write_text(json.dumps({**state.meta, "time": time.time()}))
 
 
 def read_state(src: Path, *, optimizer: bool = True) -> SavedState:

@@ -20,14 +20,13 @@ already written, and their sampler registrations are in the samplers' own journa
 from __future__ import annotations
 
 import base64
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..._durable import fsync_dir, write_atomic
-from .._journal import Journal
-from ._checkpoints import SavedState, read_state, write_state
+from .._journal import Checkpoints, Journal
+from ._checkpoints import SavedState, read_state, write_state_files
 
 __all__ = [
     "CHANGES_STATE",
@@ -84,9 +83,8 @@ class OpLog:
         self.root = root
         self.journal = Journal(root / "ops.jsonl", required=("event", "seq", "rid"))
         self.bodies = root / "bodies"
-        self.states = root / "state"
         self.bodies.mkdir(parents=True, exist_ok=True)
-        self.states.mkdir(parents=True, exist_ok=True)
+        self.states = Checkpoints(root / "state")
 
     def submitted(self, seq: int, rid: str, kind: str, digest: str, body: bytes) -> None:
         """Record an accepted op before its submit is answered."""
@@ -107,11 +105,9 @@ class OpLog:
         inside; older states and the bodies of ops at or before `seq` are no longer needed."""
         done = {"event": "done", "seq": seq, "rid": rid, **encode_result(value)}
         meta = {"seq": seq, "done": done}
-        write_state(self.states / str(seq), SavedState(meta, state.trainable, state.optimizer))
-        write_atomic(self.states / "CURRENT", f"{seq}\n".encode())
-        for old in self.states.iterdir():
-            if old.name.isdigit() and int(old.name) != seq:
-                shutil.rmtree(old, ignore_errors=True)
+        saved = SavedState(meta, state.trainable, state.optimizer)
+        self.states.write(seq, lambda directory: write_state_files(directory, saved))
+        self.states.prune(seq, keep=1)
         for old in self.bodies.iterdir():
             if old.name.isdigit() and int(old.name) <= seq:
                 old.unlink(missing_ok=True)
@@ -119,15 +115,13 @@ class OpLog:
 
     def read(self) -> Recovered:
         out = Recovered()
-        for stale in self.states.glob(".tmp-*"):  # a crash mid-checkpoint
-            shutil.rmtree(stale, ignore_errors=True)
         for record in self.journal.read():
             by_event = out.submits if record["event"] == "submit" else out.done
             by_event[record["seq"]] = record
-        current = self.states / "CURRENT"
-        if current.is_file():
-            seq = int(current.read_text())
-            out.state, out.state_seq = read_state(self.states / str(seq)), seq
+        current = self.states.current()
+        if current is not None:
+            seq = int(current.name)
+            out.state, out.state_seq = read_state(current), seq
             if seq not in out.done:  # crashed between the checkpoint and its journal line
                 done = out.state.meta["done"]
                 self.journal.append(done)

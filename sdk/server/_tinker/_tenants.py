@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .._adam import step_or_roll_back
+from .._adam import AdamSettings, StepRefused, adam_step
 from .._config import TrainerConfig
 from .._losses import tinker_loss
 from .._policies import PolicyStore
@@ -149,8 +149,8 @@ class Tenant:
         A step on a non-finite gradient norm, or after a backward whose loss was not finite,
         would write NaN into the weights or the Adam moments for good; it is refused instead,
         with the weights and optimizer state as they were and the gradients discarded. So is
-        a step that leaves any weight or moment not finite: it is undone
-        (`_adam.step_or_roll_back`).
+        a step that leaves any weight or moment not finite: it is undone. The step is the
+        native trainer's too (`_adam.adam_step`); only the wording of a refusal is Tinker's.
         """
         params = self._params()
         if self.bad_loss:
@@ -159,38 +159,30 @@ class Tenant:
                 "optim_step refused: a forward_backward since the last step had a non-finite "
                 "loss; the weights are unchanged and the gradients were discarded"
             )
-        grads = [q.grad for q in params if q.grad is not None]
-        norm = (
-            float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
-            if grads
-            else 0.0
+        settings = AdamSettings(
+            p.learning_rate,
+            p.beta1,
+            p.beta2,
+            p.eps,
+            p.weight_decay,
+            p.grad_clip_norm if p.grad_clip_norm > 0 else None,
         )
-        if not math.isfinite(norm):
+        try:
+            self.optimizer, norm = adam_step(self.optimizer, params, settings)
+        except StepRefused as exc:
+            if math.isfinite(exc.norm):
+                detail = (
+                    f"{exc.reason} (learning_rate {p.learning_rate:g}, eps {p.eps:g}, "
+                    f"weight_decay {p.weight_decay:g}, gradient norm {exc.norm:g}); it was undone"
+                )
+            else:
+                detail = exc.reason
+            raise TinkerRequestError(
+                f"optim_step refused: {detail}; the weights and optimizer state are as they "
+                "were and the gradients were discarded"
+            ) from None
+        finally:
             self.model.zero_grad(set_to_none=True)
-            raise TinkerRequestError(
-                f"optim_step refused: the gradient norm is not finite ({norm}); the weights "
-                "are unchanged and the gradients were discarded"
-            )
-        if self.optimizer is None:
-            self.optimizer = self._new_optimizer()
-        for group in self.optimizer.param_groups:
-            group.update(
-                lr=p.learning_rate,
-                betas=(p.beta1, p.beta2),
-                eps=p.eps,
-                weight_decay=p.weight_decay,
-            )
-        if p.grad_clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, p.grad_clip_norm)
-        stood = step_or_roll_back(self.optimizer, params)
-        self.model.zero_grad(set_to_none=True)
-        if not stood:
-            raise TinkerRequestError(
-                "optim_step refused: the step would have left a weight or an Adam moment that "
-                f"is not finite (learning_rate {p.learning_rate:g}, eps {p.eps:g}, weight_decay "
-                f"{p.weight_decay:g}, gradient norm {norm:g}); it was undone, the weights and "
-                "optimizer state are as they were and the gradients were discarded"
-            )
         return {"metrics": {"grad_norm:mean": norm, "learning_rate:mean": p.learning_rate}}
 
     def saved_state(self, meta: dict[str, Any], *, optimizer: bool = True) -> SavedState:
