@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 
 from .._exceptions import GatewayRequestError
 from ._chat import Dialect, text_pieces
-from ._errors import classify, validation_error
+from ._errors import classify, validated, validation_error
 from ._schemas import ChatCompletionRequest, FunctionSpec, RequestMessage, ToolSpec
 from ._session import MAX_HANDLE_CHARS, PreparedTurn, Session
 from ._stream import TextKind
@@ -226,10 +226,7 @@ class AnthropicDialect(Dialect):
     """`POST /v1/messages`: Anthropic's message object and its event stream."""
 
     def translate(self, body: Any, session: Session) -> ChatCompletionRequest:
-        try:
-            request = MessagesRequest.model_validate(body)
-        except ValidationError as exc:
-            raise validation_error(exc) from exc
+        request = validated(MessagesRequest, body)
         messages: list[RequestMessage] = []
         system = _system(request.system)
         if system is not None:

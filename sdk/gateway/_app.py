@@ -16,10 +16,10 @@ import hmac
 import json
 import logging
 import uuid
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -30,7 +30,7 @@ from .._exceptions import GatewayRequestError, GatewaySessionError, PliesError
 from ..trajectory import Status
 from ._anthropic import AnthropicDialect
 from ._chat import ChatDialect, Dialect
-from ._errors import HTTPError, validation_error
+from ._errors import HTTPError, validated
 from ._gateway import Gateway
 from ._responses import ResponsesDialect
 from ._schemas import ChatCompletionRequest
@@ -40,8 +40,6 @@ from ._stream import ReplyStream, TextKind
 __all__ = ["DEFAULT_KEEPALIVE_S", "MAX_BODY_BYTES", "create_app"]
 
 log = logging.getLogger("plies.gateway")
-
-_M = TypeVar("_M", bound=BaseModel)
 
 
 MAX_BODY_BYTES = 8 << 20
@@ -123,13 +121,13 @@ def create_app(
 
     async def create_session(request: Request) -> Response:
         _admin(gateway, request)
-        spec = _parse(_SessionSpec, await _json(request, empty_ok=True))
+        spec = validated(_SessionSpec, await _json(request, empty_ok=True))
         key = await gateway.create_session(spec.task_id, group_id=spec.group_id, info=spec.info)
         return JSONResponse({"key": key}, status_code=201)
 
     async def finish_session(request: Request) -> Response:
         _admin(gateway, request)
-        outcome = _parse(_Finish, await _json(request, empty_ok=True))
+        outcome = validated(_Finish, await _json(request, empty_ok=True))
         trajectory = await gateway.finish_session(
             request.path_params["key"],
             reward=outcome.reward,
@@ -421,13 +419,6 @@ async def _read_json(request: Request, limit: int, *, empty_ok: bool) -> Any:
 def _too_large(size: int, limit: int) -> HTTPError:
     message = f"request body of {size} bytes or more exceeds the gateway's {limit}-byte limit"
     return HTTPError(413, "invalid_request_error", message)
-
-
-def _parse(model: type[_M], body: Any) -> _M:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error(exc) from exc
 
 
 # -- errors ----------------------------------------------------------------------------

@@ -20,10 +20,9 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response
 
-from ._errors import classify, validation_error
+from ._errors import classify, validated
 from ._schemas import ChatCompletionRequest, chunk, completion, error_body
 from ._session import PreparedTurn, Session
 from ._stream import TEXT_FIELDS, TextKind
@@ -158,10 +157,7 @@ class ChatDialect(Dialect):
     """`POST /v1/chat/completions`, OpenAI's `chat.completion` and its chunks."""
 
     def translate(self, body: Any, session: Session) -> ChatCompletionRequest:
-        try:
-            request = ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            raise validation_error(exc) from exc
+        request = validated(ChatCompletionRequest, body)
         self.request = request
         self.stream = request.stream
         self.id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .._exceptions import (
     GatewayRequestError,
@@ -24,7 +25,7 @@ from .._exceptions import (
 )
 from ._schemas import ErrorType
 
-__all__ = ["Failure", "HTTPError", "classify", "validation_error"]
+__all__ = ["Failure", "HTTPError", "classify", "validated", "validation_error"]
 
 log = logging.getLogger("plies.gateway")
 
@@ -82,3 +83,14 @@ def validation_error(exc: ValidationError) -> GatewayRequestError:
     param = ".".join(str(p) for p in first["loc"]) or None
     where = f" at {param}" if param else ""
     return GatewayRequestError(f"invalid request{where}: {first['msg']}", param=param)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], body: Any) -> M:
+    """`body` read as `model`; one that does not fit is the client's 400 (`validation_error`)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc

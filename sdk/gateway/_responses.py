@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .._exceptions import GatewayRequestError
 from ._chat import Dialect, text_pieces
-from ._errors import classify, validation_error
+from ._errors import classify, validated, validation_error
 from ._schemas import ChatCompletionRequest, FunctionSpec, RequestMessage, ToolSpec
 from ._session import MAX_HANDLE_CHARS, PreparedTurn, Session
 from ._stream import TextKind
@@ -257,10 +257,7 @@ class ResponsesDialect(Dialect):
     """`POST /v1/responses`: the response object and its typed, numbered event stream."""
 
     def translate(self, body: Any, session: Session) -> ChatCompletionRequest:
-        try:
-            request = ResponsesRequest.model_validate(body)
-        except ValidationError as exc:
-            raise validation_error(exc) from exc
+        request = validated(ResponsesRequest, body)
         history: list[RequestMessage] = []
         if request.previous_response_id is not None:
             stored = session.responses.get(request.previous_response_id)

@@ -32,7 +32,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, Self
+from typing import Any, Self, TypedDict
 from urllib.parse import urlencode
 
 import anyio
@@ -51,7 +51,6 @@ from .._exceptions import (
     PolicyUnavailable,
 )
 from .._lifecycle import AsyncLifecycle
-from ..trajectory import PolicyRef
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 from ._transport import (
     DEFAULT_TRANSPORT,
@@ -63,12 +62,9 @@ from ._transport import (
     encode_json,
     open_transport,
 )
-from ._types import Completion, SamplingParams
+from ._types import Completion, PolicyChoice, PolicyClientBase, SamplingParams
 
-__all__ = ["HTTPPolicyClient"]
-
-PolicyChoice = PolicyRef | str | None
-"""The policy a caller asks `sample` for: a `PolicyRef`, a served name, or the default."""
+__all__ = ["HTTPOptions", "HTTPPolicyClient"]
 
 SESSION_HEADER = "X-Session-ID"
 """The header that carries a request's session key (the episode id) to a router."""
@@ -122,7 +118,18 @@ def _error_message(resp: Reply) -> str:
     return str(body)[:500]
 
 
-class HTTPPolicyClient(AsyncLifecycle):
+class HTTPOptions(TypedDict, total=False):
+    """What every HTTP backend takes besides its engines, passed through to
+    `HTTPPolicyClient` (see its arguments), so each backend names only its own."""
+
+    timeout: Timeout
+    retry: RetryPolicy
+    headers: dict[str, str] | None
+    session_header: str | None
+    transport: TransportName
+
+
+class HTTPPolicyClient(AsyncLifecycle, PolicyClientBase):
     """Base of the HTTP backends. Use as `async with Client(...) as client:`; opens once.
 
     Args:
@@ -223,21 +230,13 @@ class HTTPPolicyClient(AsyncLifecycle):
 
     # -- sampling -------------------------------------------------------------------------
 
-    async def sample(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        policy: PolicyRef | str | None = None,
-        session: str | None = None,
+    async def _draw(
+        self, prompt: list[int], params: SamplingParams, policy: PolicyChoice, session: str | None
     ) -> Completion:
-        """Sample one completion; see `PolicyClient.sample`.
-
-        Raises:
-            ConfigError: `session` is not visible ASCII (it must travel as a header value).
-        """
+        """Raises `ConfigError` when `session` is not visible ASCII (it must travel as a
+        header value)."""
         self._check_session(session)
-        return await self._sample(list(prompt_ids), params, policy, session)
+        return await self._sample(prompt, params, policy, session)
 
     def _check_session(self, session: str | None) -> None:
         """Refuse a closed client, and a session key that cannot travel as a header."""

@@ -10,10 +10,8 @@ independently.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 
-from ..trajectory import PolicyRef
-from ._types import Completion, PolicyClient, SamplingParams
+from ._types import Completion, PolicyChoice, PolicyClient, PolicyClientBase, SamplingParams
 
 __all__ = ["SeededPolicy", "turn_seed"]
 
@@ -27,7 +25,7 @@ def turn_seed(session: str, prompt_len: int) -> int:
     return int.from_bytes(digest[:8], "big") % (1 << SEED_BITS)
 
 
-class SeededPolicy:
+class SeededPolicy(PolicyClientBase):
     """A `PolicyClient` that seeds each request of an episode with `turn_seed`.
 
     Requests that name no session (the episode id), or that carry a seed already, pass
@@ -41,17 +39,12 @@ class SeededPolicy:
     def __init__(self, client: PolicyClient):
         self.client = client
 
-    async def sample(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        policy: PolicyRef | str | None = None,
-        session: str | None = None,
+    async def _draw(
+        self, prompt: list[int], params: SamplingParams, policy: PolicyChoice, session: str | None
     ) -> Completion:
         if session is not None and params.seed is None:
-            params = params.model_copy(update={"seed": turn_seed(session, len(prompt_ids))})
-        return await self.client.sample(prompt_ids, params, policy=policy, session=session)
+            params = params.model_copy(update={"seed": turn_seed(session, len(prompt))})
+        return await self.client.sample(prompt, params, policy=policy, session=session)
 
     async def aclose(self) -> None:
         """Nothing to release: the wrapped client belongs to whoever opened it."""

@@ -10,14 +10,12 @@ answers with the weights it loaded last.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from .._exceptions import PolicyResponseError
 from ..trajectory import PolicyRef
-from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
-from ._http import SESSION_HEADER, HTTPPolicyClient, PolicyChoice
-from ._transport import DEFAULT_TRANSPORT, TransportName
-from ._types import Completion, SamplingParams
+from ._http import HTTPOptions, HTTPPolicyClient
+from ._types import Completion, PolicyChoice, SamplingParams
 
 __all__ = ["SGLangClient"]
 
@@ -47,20 +45,9 @@ class SGLangClient(HTTPPolicyClient):
         model: str | None = None,
         policy: PolicyRef | None = None,
         weight_version: str = "default",
-        timeout: Timeout = DEFAULT_TIMEOUT,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        headers: dict[str, str] | None = None,
-        session_header: str | None = SESSION_HEADER,
-        transport: TransportName = DEFAULT_TRANSPORT,
+        **options: Unpack[HTTPOptions],
     ):
-        super().__init__(
-            base_urls,
-            timeout=timeout,
-            retry=retry,
-            headers=headers,
-            session_header=session_header,
-            transport=transport,
-        )
+        super().__init__(base_urls, **options)
         self.model = model
         self._versions: dict[str, PolicyRef] = {}
         if policy is not None:

@@ -1,9 +1,11 @@
-"""What a policy client takes and returns, the protocol every backend implements, and the
-protocol of samplers that load published policies."""
+"""What a policy client takes and returns, the protocol every backend implements (and the
+base that writes its `sample` once for plies' own), and the protocol of samplers that load
+published policies."""
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -14,7 +16,9 @@ from ..trajectory import FinishReason, PolicyRef
 
 __all__ = [
     "Completion",
+    "PolicyChoice",
     "PolicyClient",
+    "PolicyClientBase",
     "PolicyLoader",
     "SamplingParams",
     "StreamingPolicyClient",
@@ -65,6 +69,10 @@ class Completion(BaseModel):
         return self
 
 
+PolicyChoice = PolicyRef | str | None
+"""The policy a caller asks `sample` for: a `PolicyRef`, a served name, or the default."""
+
+
 @runtime_checkable
 class PolicyClient(Protocol):
     """Samples completions of token-id prompts; tokens in, tokens and logprobs out."""
@@ -95,6 +103,28 @@ class PolicyClient(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class PolicyClientBase(ABC):
+    """The `sample` of plies' own clients, written once: each takes the prompt as a list in
+    `_draw`, where what tells the backends apart lives."""
+
+    async def sample(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        policy: PolicyChoice = None,
+        session: str | None = None,
+    ) -> Completion:
+        """Sample one completion; see `PolicyClient.sample`."""
+        return await self._draw(list(prompt_ids), params, policy, session)
+
+    @abstractmethod
+    async def _draw(
+        self, prompt: list[int], params: SamplingParams, policy: PolicyChoice, session: str | None
+    ) -> Completion:
+        """`sample`, its arguments checked by the backend; `policy` is what the caller asked."""
 
 
 TokenSink = Callable[[Sequence[int]], Awaitable[None]]

@@ -18,18 +18,16 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 
 from .._exceptions import ConfigError, PolicyError, PolicyResponseError
 from ..trajectory import PolicyRef
 from ..wire.sampling import served_name
-from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
-from ._http import SESSION_HEADER, HTTPPolicyClient, PolicyChoice
+from ._http import HTTPOptions, HTTPPolicyClient
 from ._paths import policy_path
-from ._transport import DEFAULT_TRANSPORT, TransportName
-from ._types import Completion, SamplingParams, TokenSink
+from ._types import Completion, PolicyChoice, SamplingParams, TokenSink
 
 __all__ = ["VLLMClient", "load_lora_adapter", "unload_lora_adapter"]
 
@@ -57,20 +55,9 @@ class VLLMClient(HTTPPolicyClient):
         model: str,
         *,
         policy: PolicyRef | None = None,
-        timeout: Timeout = DEFAULT_TIMEOUT,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        headers: dict[str, str] | None = None,
-        session_header: str | None = SESSION_HEADER,
-        transport: TransportName = DEFAULT_TRANSPORT,
+        **options: Unpack[HTTPOptions],
     ):
-        super().__init__(
-            base_urls,
-            timeout=timeout,
-            retry=retry,
-            headers=headers,
-            session_header=session_header,
-            transport=transport,
-        )
+        super().__init__(base_urls, **options)
         if not model:
             raise ConfigError("VLLMClient needs the served model name")
         self.model = model
