@@ -1,4 +1,4 @@
-"""Bounded waits on the blocking edges of the `tinker` SDK, shared by plies' Tinker clients.
+"""The one bridge between plies' Tinker clients and the `tinker` SDK; its only raw asyncio.
 
 The SDK runs its requests on a loop of its own in a background thread, and some of its calls
 block the caller until they finish: opening a `ServiceClient`'s session (and the first
@@ -6,20 +6,32 @@ block the caller until they finish: opening a `ServiceClient`'s session (and the
 `blocking` runs such a call in a daemon thread and waits with a deadline, so a service that
 is down is a clear error in seconds and never a hang, and an abandoned call cannot keep the
 interpreter from exiting. `unreachable` tells, at once, that nothing listens at a URL.
+
+Its other calls hand back `concurrent.futures.Future`s. `outcome` awaits one with a deadline
+(giving up cancels it), for the sampler, whose abandoned request is simply lost; `SdkFuture`
+awaits one that must survive a wait that gives up, for the trainer, which takes it up again
+(`asyncio.wrap_future` is what carries a thread's future onto the running loop, so the
+clients themselves are anyio only). `create_full_weights_client` creates a model that trains
+every weight, with the SDK's own parts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
+import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpx
 
-__all__ = ["blocking", "unreachable"]
+if TYPE_CHECKING:
+    import tinker
+
+__all__ = ["SdkFuture", "blocking", "create_full_weights_client", "outcome", "unreachable"]
 
 T = TypeVar("T")
 
@@ -65,3 +77,79 @@ async def unreachable(base_url: str, timeout: float) -> str | None:
     except httpx.HTTPError:
         pass
     return None
+
+
+async def outcome(submitted: Any, timeout: float | None) -> Any:
+    """The result of an op the SDK submitted, or `TimeoutError` after `timeout` seconds (None:
+    no limit). Giving up, by the deadline or a cancellation, cancels the op's future."""
+    with anyio.fail_after(timeout):
+        return await asyncio.wrap_future(submitted.future())
+
+
+class SdkFuture:
+    """An op the SDK submitted, awaited on the caller's loop; the SDK keeps polling it by
+    its request id whether anyone waits or not, so a wait that gives up can be taken up
+    again (`reconcile`)."""
+
+    def __init__(self, submitted: Any) -> None:
+        future: concurrent.futures.Future[Any] = submitted.future()
+        self._waiter = asyncio.wrap_future(future)
+        # Its failure is read by the client, or by nobody once the client closed: marked as
+        # seen so an op abandoned at close logs no traceback.
+        self._waiter.add_done_callback(_retrieved)
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the outcome; whether it is known. Cancelling the
+        wait leaves the op running."""
+        done, _ = await asyncio.wait({self._waiter}, timeout=timeout)
+        return bool(done)
+
+    def exception(self) -> BaseException | None:
+        """The op's failure, once known (None: it succeeded)."""
+        return self._waiter.exception()
+
+    def result(self) -> Any:
+        return self._waiter.result()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def create_full_weights_client(
+    service: tinker.ServiceClient, base_model: str
+) -> tinker.TrainingClient:
+    """A training client that trains every weight of `base_model` (no LoRA); blocking.
+
+    The SDK's public constructor always sends a LoRA config. A full fine-tune (which
+    `plies serve` offers, and which the native trainer does) is created with the SDK's own
+    request type and future, the same steps `create_lora_training_client` takes, only with
+    no `lora_config`. Services that train LoRA adapters only refuse it.
+    """
+    from tinker import TrainingClient, types
+    from tinker.lib.api_future_impl import _APIFuture
+    from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
+    from tinker.lib.public_interfaces.training_client import fetch_training_info
+
+    holder = service.holder
+    session_id, model_seq_id = holder.get_session_id(), holder.get_training_client_id()
+
+    async def create() -> TrainingClient:
+        request = types.CreateModelRequest(
+            session_id=session_id, model_seq_id=model_seq_id, base_model=base_model
+        )
+        with holder.aclient(ClientConnectionPoolType.TRAIN) as client:
+            submitted = await client.models.create(request=request)
+        created = await _APIFuture(
+            types.CreateModelResponse,
+            holder,
+            submitted,
+            request_start_time=time.time(),
+            request_type="CreateModel",
+        ).result_async()
+        info = await fetch_training_info(holder, created.model_id)
+        model_id = created.model_id
+        return TrainingClient(holder, model_seq_id=model_seq_id, model_id=model_id, info=info)
+
+    return holder.run_coroutine_threadsafe(create()).result()

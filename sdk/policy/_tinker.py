@@ -23,7 +23,6 @@ it, so `stop_token_ids` are sent together with the model's `eos_token_ids`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
@@ -38,10 +37,10 @@ from .._exceptions import (
     PolicyUnavailable,
 )
 from .._lifecycle import AsyncLifecycle
-from .._tinker_sdk import blocking, unreachable
+from .._tinker_sdk import blocking, outcome, unreachable
 from ..trajectory import PolicyRef
 from ._config import DEFAULT_TIMEOUT, Timeout
-from ._types import Completion, SamplingParams
+from ._types import Completion, PolicyChoice, PolicyClientBase, SamplingParams
 
 if TYPE_CHECKING:
     import tinker
@@ -52,7 +51,7 @@ BASE_SCHEME = "tinker-base:"
 """URI prefix of a base model's `PolicyRef` (version 0): not a path the service stores."""
 
 
-class TinkerPolicyClient(AsyncLifecycle):
+class TinkerPolicyClient(AsyncLifecycle, PolicyClientBase):
     """A `PolicyClient` and `PolicyLoader` on a Tinker-API service. Use as `async with`.
 
     Args:
@@ -191,24 +190,16 @@ class TinkerPolicyClient(AsyncLifecycle):
                 "the policies a TinkerTrainingClient saves"
             )
         try:
-            return await asyncio.wait_for(
-                asyncio.wrap_future(opening.future()), self.timeout.read or None
-            )
+            return await outcome(opening, self.timeout.read or None)
         except Exception as exc:
             raise _translate(exc, f"opening a sampler on {policy.uri}", self.base_url) from exc
 
     # -- sampling -------------------------------------------------------------------------
 
-    async def sample(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        policy: PolicyRef | str | None = None,
-        session: str | None = None,
+    async def _draw(
+        self, prompt: list[int], params: SamplingParams, policy: PolicyChoice, session: str | None
     ) -> Completion:
-        """Sample one completion; see `PolicyClient.sample`. `session` is not used: one
-        service URL, which routes requests itself."""
+        """`session` is not used: one service URL, which routes requests itself."""
         from tinker import types
 
         self._check_open("sample")
@@ -234,11 +225,9 @@ class TinkerPolicyClient(AsyncLifecycle):
             seed=params.seed,
             stop=stop,
         )
-        future = sampler.sample(types.ModelInput.from_ints(list(prompt_ids)), 1, sampling)
+        future = sampler.sample(types.ModelInput.from_ints(prompt), 1, sampling)
         try:
-            answer = await asyncio.wait_for(
-                asyncio.wrap_future(future.future()), self.timeout.read or None
-            )
+            answer = await outcome(future, self.timeout.read or None)
         except Exception as exc:
             raise _translate(exc, f"sampling from {ref.uri}", self.base_url) from exc
         return _completion(answer, ref, self.base_url)

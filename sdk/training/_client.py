@@ -50,7 +50,7 @@ from ..wire.training import (
     TrainingBatch,
     check_op_id,
 )
-from ._ops import OpLedger, digest, retrying
+from ._ops import LedgeredTrainer, OpLedger, retrying
 
 __all__ = ["TrainingClient"]
 
@@ -73,7 +73,7 @@ def _error_body(resp: httpx.Response) -> dict[str, Any]:
     return err if isinstance(err, dict) else {"message": str(err)}
 
 
-class TrainingClient(AsyncLifecycle):
+class TrainingClient(AsyncLifecycle, LedgeredTrainer):
     """Async client of a plies trainer (`plies serve`). Use as `async with`; opens once.
 
     Args:
@@ -145,60 +145,25 @@ class TrainingClient(AsyncLifecycle):
 
     # -- operations -----------------------------------------------------------------------
 
-    async def forward_backward(
-        self,
-        batch: TrainingBatch,
-        *,
-        loss: LossName = "importance_sampling",
-        clip_low: float = 0.2,
-        clip_high: float = 0.2,
-        op_id: str | None = None,
+    async def _forward_backward(
+        self, op_id: str, batch: TrainingBatch, loss: LossName, clip_low: float, clip_high: float
     ) -> ForwardBackwardResult:
-        """Add the gradients of `batch` under `loss` to the step being accumulated.
-
-        Raises:
-            TrainingGradientsLost: the trainer lost this step's gradients (restart or
-                failure); redo the step's forward_backward calls.
-            TrainingQuarantined: the outcome could not be reconciled.
-            ConfigError: the server refused the request as invalid.
-        """
-        op_id = self._op_id(op_id, "fb")
-        request = digest("fb", batch.model_dump_json(), loss, clip_low, clip_high)
-        if (known := self._ops.answered(op_id, request)) is not None:
-            return known
         req = ForwardBackwardRequest(
             op_id=op_id, batch=batch, loss=loss, clip_low=clip_low, clip_high=clip_high
         )
         result = await self._submit("/v1/training/forward_backward", req, ForwardBackwardResult)
         self._ops.add_pending(result.op_id, batch.loss_tokens)
-        self._ops.answer(op_id, request, result)
         return result
 
-    async def optim_step(self, adam: AdamParams, *, op_id: str | None = None) -> OptimStepResult:
-        """Apply the accumulated gradients with AdamW; exactly the ops in `pending_ops`."""
-        op_id = self._op_id(op_id, "step")
-        request = digest("step", adam.model_dump_json())
-        if (known := self._ops.answered(op_id, request)) is not None:
-            return known
+    async def _optim_step(self, op_id: str, adam: AdamParams) -> OptimStepResult:
         req = OptimStepRequest(op_id=op_id, adam=adam, forward_backward_ops=self.pending_ops)
         result = await self._submit("/v1/training/optim_step", req, OptimStepResult)
         self._ops.take_pending()
-        self._ops.answer(op_id, request, result)
         return result
 
-    async def save_policy(self, *, op_id: str | None = None) -> PolicyRef:
-        """Save the current weights as a new immutable policy and return its `PolicyRef`.
-
-        Samplers serve it once it is published to them (`plies.policy.publish`).
-        """
-        op_id = self._op_id(op_id, "save")
-        request = digest("save")
-        if (known := self._ops.answered(op_id, request)) is not None:
-            return known
+    async def _save_policy(self, op_id: str) -> PolicyRef:
         req = SavePolicyRequest(op_id=op_id)
-        policy = (await self._submit("/v1/training/save_policy", req, SavePolicyResult)).policy
-        self._ops.answer(op_id, request, policy)
-        return policy
+        return (await self._submit("/v1/training/save_policy", req, SavePolicyResult)).policy
 
     async def op(self, op_id: str) -> OpRecord | None:
         """The server's record of an op, or None when it never applied it."""
@@ -239,11 +204,6 @@ class TrainingClient(AsyncLifecycle):
         self._check_open(action)
         assert self._http is not None  # set on open, cleared on close
         return self._http
-
-    def _op_id(self, op_id: str | None, kind: str) -> str:
-        op_id = self._ops.issue(op_id, kind)
-        self._client()
-        return op_id
 
     async def _get(self, path: str) -> httpx.Response:
         try:

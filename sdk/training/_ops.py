@@ -12,6 +12,9 @@ lives here once, in `OpLedger`:
 - the quarantine: why the client refuses further steps, and what `reconcile()` needs to
   learn the outcome (the op id on the native wire, the SDK future on Tinker).
 
+`LedgeredTrainer` writes the `Trainer` operations once over that ledger; each client only
+sends.
+
 `retrying` is the retry policy: tenacity with jittered exponential waits, sleeping with
 anyio (tenacity's own async sleep is asyncio's), until a deadline.
 """
@@ -21,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -34,9 +39,25 @@ from tenacity import (
 )
 
 from .._exceptions import ConfigError, TrainingQuarantined
-from ..wire.training import check_op_id
+from ..trajectory import PolicyRef
+from ..wire.training import (
+    AdamParams,
+    ForwardBackwardResult,
+    LossName,
+    OptimStepResult,
+    TrainingBatch,
+    check_op_id,
+)
 
-__all__ = ["ANSWERED_KEPT", "OpLedger", "PendingOp", "Quarantine", "digest", "retrying"]
+__all__ = [
+    "ANSWERED_KEPT",
+    "LedgeredTrainer",
+    "OpLedger",
+    "PendingOp",
+    "Quarantine",
+    "digest",
+    "retrying",
+]
 
 ANSWERED_KEPT = 1024
 """Answered ops a client remembers (newest first out last): a script repeats an op id only
@@ -44,6 +65,7 @@ to resume the step it was on, so the recent ones are all it can ask for, and mem
 flat over a long run. Older ones are still answered by a native server's own ledger."""
 
 H = TypeVar("H")
+R = TypeVar("R")
 
 
 def retrying(deadline: float, retry_on: type[Exception] | tuple[type[Exception], ...]) -> Any:
@@ -163,3 +185,81 @@ class OpLedger(Generic[H]):
 
     def lift_quarantine(self) -> None:
         self.quarantine = None
+
+
+class LedgeredTrainer(ABC):
+    """The `Trainer` operations of both training clients, written once over their `OpLedger`.
+
+    Before anything is sent, the op id is issued (or checked) and looked up: an op id this
+    client completed answers its original result, and one reused for another request is a
+    `ConfigError`. Once the op answers, its result is remembered. What each client sends is
+    its own: `_forward_backward`, `_optim_step` and `_save_policy`, given the op id.
+    """
+
+    _ops: OpLedger[Any]
+
+    async def forward_backward(
+        self,
+        batch: TrainingBatch,
+        *,
+        loss: LossName = "importance_sampling",
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        op_id: str | None = None,
+    ) -> ForwardBackwardResult:
+        """Add the gradients of `batch` (mean loss over its masked tokens) to the step.
+
+        Raises:
+            TrainingGradientsLost: the trainer lost or failed this step's gradients; redo the
+                step's forward_backward calls.
+            TrainingQuarantined: the outcome could not be learnt in time.
+            ConfigError: the trainer refused the request as invalid.
+        """
+        request = ("fb", batch.model_dump_json(), loss, clip_low, clip_high)
+        return await self._once(
+            op_id, request, lambda op: self._forward_backward(op, batch, loss, clip_low, clip_high)
+        )
+
+    async def optim_step(self, adam: AdamParams, *, op_id: str | None = None) -> OptimStepResult:
+        """Apply the accumulated gradients with AdamW; exactly the ops in `pending_ops`."""
+        request = ("step", adam.model_dump_json())
+        return await self._once(op_id, request, lambda op: self._optim_step(op, adam))
+
+    async def save_policy(self, *, op_id: str | None = None) -> PolicyRef:
+        """Save the current weights as a new immutable policy and return its `PolicyRef`.
+
+        Samplers serve it once it is published to them (`plies.policy.publish`).
+        """
+        return await self._once(op_id, ("save",), self._save_policy)
+
+    async def _once(
+        self, op_id: str | None, request: tuple[Any, ...], send: Callable[[str], Awaitable[R]]
+    ) -> R:
+        """`send(op_id)`, unless this client already answered the op id."""
+        op_id = self._op_id(op_id, request[0])
+        key = digest(*request)
+        if (known := self._ops.answered(op_id, key)) is not None:
+            return known
+        result = await send(op_id)
+        self._ops.answer(op_id, key, result)
+        return result
+
+    def _op_id(self, op_id: str | None, kind: str) -> str:
+        op_id = self._ops.issue(op_id, kind)
+        self._client()  # refuses a client that is not open
+        return op_id
+
+    @abstractmethod
+    def _client(self) -> Any:
+        """What sends the ops; raises `UsageError` while the client is not open."""
+
+    @abstractmethod
+    async def _forward_backward(
+        self, op_id: str, batch: TrainingBatch, loss: LossName, clip_low: float, clip_high: float
+    ) -> ForwardBackwardResult: ...
+
+    @abstractmethod
+    async def _optim_step(self, op_id: str, adam: AdamParams) -> OptimStepResult: ...
+
+    @abstractmethod
+    async def _save_policy(self, op_id: str) -> PolicyRef: ...

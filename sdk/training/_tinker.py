@@ -50,7 +50,7 @@ from .._exceptions import (
     UsageError,
 )
 from .._lifecycle import AsyncLifecycle
-from .._tinker_sdk import blocking, unreachable
+from .._tinker_sdk import SdkFuture, blocking, create_full_weights_client, unreachable
 from ..trajectory import PolicyRef
 from ..wire.training import (
     AdamParams,
@@ -60,9 +60,8 @@ from ..wire.training import (
     TrainerState,
     TrainingBatch,
 )
-from ._ops import OpLedger, digest
+from ._ops import LedgeredTrainer, OpLedger
 from ._tinker_data import forward_backward_metrics, loss_config, tinker_datums
-from ._tinker_sdk import SdkFuture, create_full_weights_client
 
 if TYPE_CHECKING:
     import tinker
@@ -115,7 +114,7 @@ class _InFlight:
     finish: Callable[[Any], Any]
 
 
-class TinkerTrainingClient(AsyncLifecycle):
+class TinkerTrainingClient(AsyncLifecycle, LedgeredTrainer):
     """A `Trainer` on a Tinker-API service. Use as `async with`; opens once.
 
     Args:
@@ -316,27 +315,11 @@ class TinkerTrainingClient(AsyncLifecycle):
 
     # -- operations -----------------------------------------------------------------------
 
-    async def forward_backward(
-        self,
-        batch: TrainingBatch,
-        *,
-        loss: LossName = "importance_sampling",
-        clip_low: float = 0.2,
-        clip_high: float = 0.2,
-        op_id: str | None = None,
+    async def _forward_backward(
+        self, op_id: str, batch: TrainingBatch, loss: LossName, clip_low: float, clip_high: float
     ) -> ForwardBackwardResult:
-        """Add the gradients of `batch` (mean loss over its masked tokens) to the step.
-
-        Raises:
-            ConfigError: the service refused the request, or the batch was not sampled at
-                temperature 1 (Tinker's logprob convention).
-            TrainingGradientsLost: the service failed the op after accepting it; redo the step.
-            TrainingQuarantined: its outcome could not be learnt in time.
-        """
-        op_id = self._op_id(op_id, "fb")
-        request = digest("fb", batch.model_dump_json(), loss, clip_low, clip_high)
-        if (known := self._ops.answered(op_id, request)) is not None:
-            return known
+        """Raises `ConfigError` also for a batch not sampled at temperature 1 (Tinker's
+        logprob convention)."""
         data = tinker_datums(batch, loss)
         config = loss_config(loss, clip_low, clip_high)
         training = self._client()
@@ -349,16 +332,11 @@ class TinkerTrainingClient(AsyncLifecycle):
             )
 
         submitted = training.forward_backward(data, loss, config)
-        return await self._await_result(op_id, request, "forward_backward", submitted, finish)
+        return await self._await_result(op_id, "forward_backward", submitted, finish)
 
-    async def optim_step(self, adam: AdamParams, *, op_id: str | None = None) -> OptimStepResult:
-        """Apply the gradients accumulated since the last step with AdamW."""
+    async def _optim_step(self, op_id: str, adam: AdamParams) -> OptimStepResult:
         from tinker import types
 
-        op_id = self._op_id(op_id, "step")
-        request = digest("step", adam.model_dump_json())
-        if (known := self._ops.answered(op_id, request)) is not None:
-            return known
         params = types.AdamParams(
             learning_rate=adam.lr,
             beta1=adam.beta1,
@@ -377,23 +355,19 @@ class TinkerTrainingClient(AsyncLifecycle):
             return OptimStepResult(op_id=op_id, step=self._step, metrics=metrics)
 
         submitted = self._client().optim_step(params)
-        return await self._await_result(op_id, request, "optim_step", submitted, finish)
+        return await self._await_result(op_id, "optim_step", submitted, finish)
 
-    async def save_policy(self, *, op_id: str | None = None) -> PolicyRef:
-        """Save a training checkpoint and sampler weights under one name; the sampler
+    async def _save_policy(self, op_id: str) -> PolicyRef:
+        """A training checkpoint and sampler weights saved under one name; the sampler
         weights' `PolicyRef` (`tinker://run/sampler_weights/<name>`, the next version; the
         Tinker API reports no digest, so it is empty). `resume_from` takes it back."""
-        op_id = self._op_id(op_id, "save")
-        request = digest("save")
-        if (known := self._ops.answered(op_id, request)) is not None:
-            return known
         version = self._version + 1
         name = f"plies-v{version:06d}"
         training = self._client()
         metadata = {STEP_KEY: str(self._step), VERSION_KEY: str(version)}
         state = training.save_state(name, user_metadata=metadata)
         sampler = training.save_weights_for_sampler(name)
-        saved = await self._await_result(None, None, "save_state", state, lambda out: out.path)
+        saved = await self._await_result(None, "save_state", state, lambda out: out.path)
         expected = f"tinker://{self.model_id}/weights/{name}"
 
         def finish(output: Any) -> PolicyRef:
@@ -407,9 +381,7 @@ class TinkerTrainingClient(AsyncLifecycle):
             self._policy = policy
             return policy
 
-        policy = await self._await_result(
-            op_id, request, "save_weights_for_sampler", sampler, finish
-        )
+        policy = await self._await_result(op_id, "save_weights_for_sampler", sampler, finish)
         self._saved.append(saved)
         await self._prune()
         return policy
@@ -484,18 +456,8 @@ class TinkerTrainingClient(AsyncLifecycle):
         assert self._training is not None  # set on open, cleared on close
         return self._training
 
-    def _op_id(self, op_id: str | None, kind: str) -> str:
-        op_id = self._ops.issue(op_id, kind)
-        self._client()
-        return op_id
-
     async def _await_result(
-        self,
-        op_id: str | None,
-        request: str | None,
-        kind: str,
-        submitted: Any,
-        finish: Callable[[Any], R],
+        self, op_id: str | None, kind: str, submitted: Any, finish: Callable[[Any], R]
     ) -> R:
         """Wait for an SDK future until `result_timeout`; its result through `finish`."""
         q = _InFlight(kind, op_id or kind, SdkFuture(submitted), finish)
@@ -516,10 +478,7 @@ class TinkerTrainingClient(AsyncLifecycle):
                 f"{self.result_timeout:g}s; it may yet be applied",
                 q,
             )
-        result = self._outcome(q)
-        if op_id is not None and request is not None:
-            self._ops.answer(op_id, request, result)
-        return result
+        return self._outcome(q)
 
     def _outcome(self, q: _InFlight) -> Any:
         """The result of an op whose outcome is known, or the plies error its failure means."""
