@@ -61,6 +61,7 @@ from plies._lifecycle import AsyncLifecycle
 from plies.runtime import RemoteRef, process_remote_id
 
 from ._env import Env, Message, Observation, Task, Tool, ToolResult
+from .sandbox import marked_pids
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -573,21 +574,7 @@ async def _list_tools(client: ClientSession, cursor: str | None) -> Any:
 
 def marked_processes(mark: str | None = None) -> list[int]:
     """Pids of live processes carrying `PLIES_MCP_SESSION` (with this value, if given)."""
-    prefix = f"{MARK_VAR}={mark}" if mark is not None else f"{MARK_VAR}="
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        for var in environ.split(b"\0"):
-            text = var.decode(errors="replace")
-            if text.startswith(prefix) and (mark is None or text == prefix):
-                found.append(int(entry.name))
-                break
-    return found
+    return marked_pids(MARK_VAR, mark)
 
 
 def _leader(mark: str) -> int:

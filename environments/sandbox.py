@@ -41,6 +41,7 @@ __all__ = [
     "LocalSandbox",
     "Sandbox",
     "SandboxBackend",
+    "marked_pids",
 ]
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -291,6 +292,28 @@ def _killpg(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def marked_pids(var: str, value: str | None = None) -> list[int]:
+    """Pids of the other live processes whose environment sets `var` (to `value`, if given).
+
+    How what a sandbox or an MCP server started is found again whoever its parent is now:
+    the mark is inherited by every process it starts. Empty where there is no `/proc`.
+    """
+    prefix = f"{var}=".encode()
+    exact = None if value is None else prefix + value.encode()
+    proc = Path("/proc")
+    found = []
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(prefix) if exact is None else v == exact for v in environ):
+            found.append(int(entry.name))
+    return found
+
+
 def _kill_local(sandbox_id: str) -> bool:
     """Kill every process labelled with this sandbox and remove its directory.
 
@@ -310,19 +333,9 @@ def _kill_local(sandbox_id: str) -> bool:
         raise SandboxError(f"unreadable sandbox marker: {err}", sandbox_id=sandbox_id) from err
     if label is not None and label.get("id") != sandbox_id:
         raise SandboxError("the sandbox marker names another sandbox", sandbox_id=sandbox_id)
-    needle = f"{_ID_VAR}={sandbox_id}".encode()
-    proc = Path("/proc")
-    if proc.is_dir():
-        for entry in proc.iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if needle in environ.split(b"\0"):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(entry.name), signal.SIGKILL)
+    for pid in marked_pids(_ID_VAR, sandbox_id):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     if label is None:
         return False
     try:

@@ -42,6 +42,7 @@ from plies.runtime import EpisodeContext, Lease, Pool
 from plies.trajectory import Status, Trajectory
 
 from .adapters import AgentAdapter, LaunchSpec
+from .protocol import play_task
 from .rewards import DEFAULT_REWARDS, RewardPolicy
 from .workspace import AgentEnv
 
@@ -143,13 +144,7 @@ class AgentHarness:
             ConfigError: `ctx.task` is not a `Task`, or the pool lent something that is not an
                 `AgentEnv`.
         """
-        if not isinstance(ctx.task, Task):
-            raise ConfigError(
-                "AgentHarness.play needs GroupSpec.task to be a Task, got "
-                f"{type(ctx.task).__name__}"
-            )
-        async with ctx.borrow(pool) as lease:
-            return await self.run(lease.resource, ctx.task, group_id=ctx.group_id, lease=lease)
+        return await play_task(self, ctx, pool)
 
     async def run(
         self, env: AgentEnv, task: Task, *, group_id: str = "", lease: Lease[Any] | None = None

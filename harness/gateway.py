@@ -42,6 +42,7 @@ from plies.gateway import GatewayServer
 from plies.runtime import EpisodeContext, Lease, Pool
 from plies.trajectory import Status, Trajectory
 
+from .protocol import play_task
 from .rewards import DEFAULT_REWARDS, RewardPolicy
 
 __all__ = ["DEFAULT_KILL_TIMEOUT", "DEFAULT_WALL_S", "GatewayHarness"]
@@ -108,13 +109,7 @@ class GatewayHarness:
         Raises:
             ConfigError: `ctx.task` is not a `Task`.
         """
-        if not isinstance(ctx.task, Task):
-            raise ConfigError(
-                f"GatewayHarness.play needs GroupSpec.task to be a Task, got "
-                f"{type(ctx.task).__name__}"
-            )
-        async with ctx.borrow(pool) as lease:
-            return await self.run(lease.resource, ctx.task, group_id=ctx.group_id, lease=lease)
+        return await play_task(self, ctx, pool)
 
     async def run(
         self, env: Env, task: Task, *, group_id: str = "", lease: Lease[Any] | None = None

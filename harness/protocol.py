@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from plies import ConfigError
+from plies.environments import Task
 from plies.runtime import EpisodeContext, Pool
 from plies.trajectory import Trajectory
 
-__all__ = ["Harness"]
+__all__ = ["Harness", "play_task"]
 
 
 @runtime_checkable
@@ -36,3 +38,19 @@ class Harness(Protocol):
     async def play(self, ctx: EpisodeContext, *, pool: Pool[Any] | str = "env") -> Trajectory:
         """Borrow an env from `pool` for `ctx`, play `ctx.task` on it, return the record."""
         ...
+
+
+async def play_task(harness: Any, ctx: EpisodeContext, pool: Pool[Any] | str) -> Trajectory:
+    """The `play` of a harness whose `run(env, task, *, group_id, lease)` plays a `Task` on
+    an env: borrow one from `pool` and run `ctx.task` on it.
+
+    Raises:
+        ConfigError: `ctx.task` is not a `Task`.
+    """
+    if not isinstance(ctx.task, Task):
+        raise ConfigError(
+            f"{type(harness).__name__}.play needs GroupSpec.task to be a Task, got "
+            f"{type(ctx.task).__name__}"
+        )
+    async with ctx.borrow(pool) as lease:
+        return await harness.run(lease.resource, ctx.task, group_id=ctx.group_id, lease=lease)
