@@ -165,6 +165,9 @@ class TrainingClient(AsyncLifecycle, LedgeredTrainer):
         req = SavePolicyRequest(op_id=op_id)
         return (await self._submit("/v1/training/save_policy", req, SavePolicyResult)).policy
 
+    async def _after_save(self) -> None:
+        """Nothing to tidy: this client keeps no checkpoints besides the policies it saved."""
+
     async def op(self, op_id: str) -> OpRecord | None:
         """The server's record of an op, or None when it never applied it."""
         resp = await self._get(f"/v1/training/ops/{check_op_id(op_id)}")

@@ -230,7 +230,9 @@ class LedgeredTrainer(ABC):
 
         Samplers serve it once it is published to them (`plies.policy.publish`).
         """
-        return await self._once(op_id, ("save",), self._save_policy)
+        policy = await self._once(op_id, ("save",), self._save_policy)
+        await self._after_save()
+        return policy
 
     async def _once(
         self, op_id: str | None, request: tuple[Any, ...], send: Callable[[str], Awaitable[R]]
@@ -263,3 +265,8 @@ class LedgeredTrainer(ABC):
 
     @abstractmethod
     async def _save_policy(self, op_id: str) -> PolicyRef: ...
+
+    @abstractmethod
+    async def _after_save(self) -> None:
+        """Housekeeping after a save, once its answer is in the ledger: a cancellation here
+        cannot make a retry of the same op id save again."""

@@ -383,7 +383,6 @@ class TinkerTrainingClient(AsyncLifecycle, LedgeredTrainer):
 
         policy = await self._await_result(op_id, "save_weights_for_sampler", sampler, finish)
         self._saved.append(saved)
-        await self._prune()
         return policy
 
     async def delete_policy(self, policy: PolicyRef) -> None:
@@ -404,7 +403,7 @@ class TinkerTrainingClient(AsyncLifecycle, LedgeredTrainer):
                 f"could not delete the sampler weights {policy.uri}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _prune(self) -> None:
+    async def _after_save(self) -> None:
         """Delete training checkpoints beyond `keep_checkpoints`; a failure is logged with
         the path (the checkpoint is then left on the service), never raised."""
         while self.keep_checkpoints is not None and len(self._saved) > self.keep_checkpoints:
