@@ -43,7 +43,7 @@ TOKENS = [9707, 11, 1879, 0, 151644, 872, 198, 3838]
 
 SERVE = """
 import sys
-from plies.server import serve
+from plies.server._serve import serve
 raise SystemExit(serve(
     model_dir=sys.argv[1], state_dir=sys.argv[2], model_name=sys.argv[3], threads=1,
     tinker={"gap_seconds": float(sys.argv[4])}, trainer={"checkpoint_seconds": 0.0},
