@@ -1,7 +1,7 @@
 """Rollout throughput on the real path, side by side with the runtime's bare episode.
 
     python bench/rollout_bench.py [--latency 0.1] [--concurrency 32 256 1024] [--turns 8]
-        [--template qwen3_training] [--distinct] [--profile PATH] [--gc-threshold N]
+        [--template qwen3_training] [--distinct] [--profile PATH] [--python-gc]
 
 Both paths sample from one IN-PROCESS SCRIPTED POLICY (this bench only): every `sample`
 waits exactly L seconds (an `anyio.sleep`, no CPU) and returns the same tool call, validated
@@ -45,6 +45,7 @@ Targets (issue 13), one process, harness path, C=256, L=100 ms: >= 70% of ideal 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import os
@@ -83,6 +84,7 @@ from plies.runtime import (
     JsonlSink,
     RolloutDriver,
     RolloutResources,
+    long_run_collector,
 )
 from plies.testing import qwen3_tokenizer_dir
 from plies.tokens import ChatRenderer, Conversation
@@ -497,18 +499,20 @@ def main() -> None:
     parser.add_argument("--no-stages", action="store_true", help="skip the per-stage runs")
     parser.add_argument("--profile", type=Path, help="write merged cProfile stats here")
     parser.add_argument(
-        "--gc-threshold",
-        type=int,
-        help="what a rollout process may do about the collector: after loading, gc.freeze() "
-        "and gc.set_threshold(N, 10, 10) (default: Python's own settings)",
+        "--python-gc",
+        action="store_true",
+        help="Python's own collector settings, as a loop outside plies.runtime.run has them "
+        "(default: long_run_collector's, which run sets once the setup is loaded)",
     )
     args = parser.parse_args()
 
     setup = load_setup(args)
-    if args.gc_threshold is not None:
-        gc.collect()
-        gc.freeze()  # what was loaded (modules, tokenizer) is never scanned again
-        gc.set_threshold(args.gc_threshold, 10, 10)
+    with contextlib.nullcontext() if args.python_gc else long_run_collector():
+        report(args, setup)
+
+
+def report(args: argparse.Namespace, setup: Setup) -> None:
+    """Measure each concurrency on both paths, then the harness path's stages."""
     frozen = ", loaded state frozen" if gc.get_freeze_count() else ""
     print(
         f"scripted in-process policy (bench only): L = {args.latency * 1000:g} ms, "

@@ -19,6 +19,7 @@ import httpx
 
 from .._exceptions import ConfigError, GatewayError
 from .._net import is_loopback
+from ..runtime import long_run_collector
 from ._gateway import Gateway
 from ._server import DEFAULT_HOST, GatewayServer
 
@@ -91,7 +92,10 @@ async def _serve(
     renderer = ChatRenderer(tokenizer)
     admin_token = token or "plies-admin-" + secrets.token_urlsafe(24)
     sampling = SamplingParams(max_tokens=max_tokens) if max_tokens else None
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with (
+        long_run_collector(),  # the tokenizer is loaded: no full collection scans it again
+        anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+    ):
         async with (
             VLLMClient([sampler_url], model, headers=headers) as client,
             Gateway(client, renderer, sampling=sampling, admin_token=admin_token) as gateway,

@@ -8,13 +8,15 @@
   state as `RemoteRef`s, which a quarantine report lists.
 - `RolloutDriver` runs episodes of admitted groups and hands back complete groups;
   `ShardedDriver` (the `plies[ray]` extra) does the same over rollout shards on Ray actors.
-- `run` wraps a script's main with three-step Ctrl-C handling; `JsonlSink` and `read_jsonl`
+- `run` wraps a script's main with three-step Ctrl-C handling (and `long_run_collector`, which
+  keeps the cyclic collector's full scans off what was loaded); `JsonlSink` and `read_jsonl`
   write and read records a crash cannot corrupt; `reap_report` (`plies reap`) tears down what
   a quarantine report lists, with `builtin_reapers()` and your own `Reaper`s.
 """
 
 import inspect
 
+from ._collector import long_run_collector as long_run_collector
 from ._driver import RolloutDriver as RolloutDriver
 from ._episode import EpisodeContext as EpisodeContext
 from ._episode import GroupSpec as GroupSpec
@@ -64,6 +66,7 @@ __all__ = [
     "ShardSetup",
     "ShardedDriver",
     "builtin_reapers",
+    "long_run_collector",
     "process_remote_id",
     "read_groups",
     "read_jsonl",

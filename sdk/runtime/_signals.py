@@ -18,6 +18,10 @@ SIGTERM) and no traceback. `run` returns once the worker threads its loop starte
 finished (a signal meanwhile is counted, not raised); then the handlers it found are back,
 so a notebook or a two-phase script can be interrupted again; once the process starts to
 exit, both signals are ignored, since a signal then has nothing left to stop.
+
+While `main` runs, what was loaded before is frozen out of the cyclic collector's scans and
+young objects are collected less often (`long_run_collector`): the collector's full scans of
+a heap holding transformers were a rollout loop's worst stalls.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import anyio
 from anyio import CancelScope
 
 from ._admission import DriverState, DriverStatistics
+from ._collector import long_run_collector
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "Interrupts", "run"]
 
@@ -174,7 +179,8 @@ def run(
 
     threads = set(threading.enumerate())
     try:
-        anyio.run(wrapper, backend=backend)
+        with long_run_collector():
+            anyio.run(wrapper, backend=backend)
     except KeyboardInterrupt:
         # SIGINT while the loop was starting, before the receiver was installed.
         interrupts.count += 1
