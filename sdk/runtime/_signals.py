@@ -15,9 +15,12 @@ enough for operations to settle and for the report to be written.
 
 Each step prints one line on stderr. An interrupted run exits with 130 (143 after a
 SIGTERM) and no traceback. `run` returns once the worker threads its loop started have
-finished (a signal meanwhile is counted, not raised); then the handlers it found are back,
-so a notebook or a two-phase script can be interrupted again; once the process starts to
-exit, both signals are ignored, since a signal then has nothing left to stop.
+finished (a signal meanwhile is counted, not raised). After a run that ended on its own the
+handlers it found are back, so a two-phase script can be interrupted again; after an
+interrupted one a signal stays counted as late until the process exits: the script is
+finishing what Ctrl-C asked for, and a second Ctrl-C sent a moment after the first must not
+turn `raise SystemExit(run(main))` into a KeyboardInterrupt traceback. Once the process
+starts to exit, both signals are ignored, since a signal then has nothing left to stop.
 
 While `main` runs, what was loaded before is frozen out of the cyclic collector's scans and
 young objects are collected less often (`long_run_collector`): the collector's full scans of
@@ -188,9 +191,10 @@ def run(
     finally:
         _install_late_handlers(interrupts)
         _join_new_threads(threads)
-        for signum, handler in previous.items():
-            # None: installed outside Python; the default is the closest we can put back.
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        if not interrupts.count:
+            for signum, handler in previous.items():
+                # None: installed outside Python; the default is the closest we can put back.
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
     if interrupts.terminated:
         return EXIT_TERMINATED
     return EXIT_INTERRUPTED if interrupts.count else 0
