@@ -3,28 +3,28 @@
 The flagship target (-0.08 on held-out hands, sampled at temperature 1) is a statement about
 a stochastic policy. This prints the exact expected return per hand of the reference
 policies and of their noisy versions, side by side, so the target can be read against what
-a policy's leftover randomness costs. No sampling: `strategy.expected_return` is the same
+a policy's leftover randomness costs. No sampling: `blackjack_exact.expected_return` is the same
 dynamic programme that reproduces the optimum.
 
     python bench/blackjack_policies.py [--held-out 2000] [--coverage 60] [--run DIR [--label final]]
 
 Beside the exact price of each policy it prints what the policy is expected to score on
-the recipe's held-out deals (the first `--held-out` of them; `pricing.on_deals`), which are
+the recipe's held-out deals (the first `--held-out` of them; `blackjack_exact.on_deals`), which are
 not an average sample: a run's final return is measured on them.
 
 Then it plays one stochastic policy (the optimal chart with 5% of its calls the other way) on
 `--held-out` deals of the game, as a run's evaluation would, and judges that evaluation as a
 run's summary does: sampled (its mean, beside the references on the same deals) and priced
-(`pricing.price`, with its interval, against the policy's exact value), timing what the
+(`blackjack_exact.price`, with its interval, against the policy's exact value), timing what the
 judging adds to a run. With `--coverage N` it does that N times for a few policies, each on
 fresh deals, and counts how often the priced interval held the exact value (95% is its aim).
 
 With `--run`, it also prices a run's learned policy as the demo's summary does
-(`pricing.price`: the shares of hit, stand and forfeit in each (total, up card, soft) cell of
-one of its evaluations, a cell never visited taken as a coin flip, with a 95% interval), what
-that policy would be worth with each cell cut as nucleus sampling at `top_p` cuts it (a call
-holding at least `top_p` is always played), and how much playing the optimal chart in one
-band of totals would add: where the run's remaining loss lies.
+(`blackjack_exact.price`: the shares of hit, stand and forfeit in each (total, up card, soft) cell
+of one of its evaluations, a cell never visited taken as a coin flip, with a 95% interval), what
+that policy would be worth with each cell cut as nucleus sampling at `top_p` cuts it (a call holding
+at least `top_p` is always played), and how much playing the optimal chart in one band of totals
+would add: where the run's remaining loss lies.
 """
 
 from __future__ import annotations
@@ -37,11 +37,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from plies.environments.blackjack import BlackjackGame, total, usable_ace
+from plies.environments.blackjack_exact import (
+    REFERENCES,
+    expected_return,
+    on_deals,
+    optimal_hits,
+    played_policy,
+    price_record,
+)
 from plies.recipes.blackjack.config import EVAL_SEEDS
-from plies.recipes.blackjack.evaluation import Z95, mean_stderr
-from plies.recipes.blackjack.pricing import REFERENCES, on_deals, price_record
 from plies.recipes.blackjack.report import exact_figures
-from plies.recipes.blackjack.strategy import expected_return, optimal_hits, played_policy
+from plies.rl import Z95, ci95, mean_stderr
 
 Policy = Callable[[int, int, bool], float]
 
@@ -133,7 +139,8 @@ def judged(name: str, hands: int) -> None:
     t0 = time.perf_counter()
     figures = exact_figures(record, record)  # the two evaluations a run prices
     t1 = time.perf_counter()
-    refs = {ref: on_deals(p, range(hands)) for ref, p in REFERENCES.items()}
+    seeds = range(EVAL_SEEDS, EVAL_SEEDS + hands)
+    refs = {ref: on_deals(p, seeds) for ref, p in REFERENCES.items()}
     t2 = time.perf_counter()
     low, high = figures["final_exact_ci95"]
     played = ", ".join(f"{ref} {v:+.4f}" for ref, v in refs.items())
@@ -157,7 +164,8 @@ def coverage(runs: int, hands: int) -> None:
     for name in COVERED:
         exact, held = expected_return(POLICIES[name]), 0
         for seed in range(1, runs + 1):
-            low, high = price_record(evaluation(POLICIES[name], hands, seed)).ci95
+            priced = price_record(evaluation(POLICIES[name], hands, seed))
+            low, high = ci95(priced.value, priced.stderr)
             held += low <= exact <= high
         print(f"  {name}: the interval held the exact value in {held} of {runs} evaluations")
 
@@ -172,7 +180,7 @@ def main() -> None:
     width = max(map(len, POLICIES))
     print(f"{'policy':<{width}}  {'exact':>7}  {f'{args.held_out} held-out deals':>20}")
     for name, policy in POLICIES.items():
-        played = on_deals(policy, range(args.held_out))
+        played = on_deals(policy, range(EVAL_SEEDS, EVAL_SEEDS + args.held_out))
         print(f"{name:<{width}}  {expected_return(policy):+.4f}  {played:>+20.4f}")
     judged("optimal, 5% of calls the other way", args.held_out)
     if args.coverage:
@@ -182,7 +190,7 @@ def main() -> None:
         return
     record = learned(args.run, args.label)
     priced = price_record(record)
-    low, high = priced.ci95
+    low, high = ci95(priced.value, priced.stderr)
     print(
         f"\n{args.run} ({args.label} evaluation), each cell at its shares: {priced.value:+.4f} "
         f"(95% CI {low:+.4f} to {high:+.4f}, {priced.decisions} decisions); sampled "

@@ -31,6 +31,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from plies.environments import BlackjackEnv, Task
+from plies.environments.blackjack_exact import expected_return, optimal_hits, played_policy
 from plies.recipes.blackjack.config import (
     EVAL_SEEDS,
     SYSTEM_PROMPT,
@@ -38,7 +39,6 @@ from plies.recipes.blackjack.config import (
     TRAIN_SEEDS,
     WARM_SEEDS,
 )
-from plies.recipes.blackjack.strategy import expected_return, optimal_hits, played_policy
 from plies.recipes.blackjack.warm_start import tool_call_ids
 from plies.testing import qwen3_tokenizer_dir
 from plies.testing._models import VOCAB_SIZE

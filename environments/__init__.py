@@ -2,7 +2,8 @@
 
 - `Env`, `tool`, `Task`, `Observation`, `ToolResult`, `Tool`: write your own env (with
   `plies.ToolError` to refuse a call and `plies.runtime.RemoteRef` to name remote state).
-- `BlackjackEnv`: Blackjack in process.
+- `BlackjackEnv`: Blackjack in process; `plies.environments.blackjack_exact` has the game's
+  exact values (the optimal strategy, any policy's expected return, a run's decisions priced).
 - `OpenEnvEnv` and `OpenEnvEndpoint`: drive any OpenEnv server through OpenEnv's own client;
   `python -m plies.environments.openenv_server` serves Blackjack as one.
 - `SandboxedBlackjackEnv`: the trusted game script run in one sandbox per episode, through a

@@ -20,8 +20,7 @@ import pytest
 ARGS = (
     "--budget", "smoke", "--keep-policies", "2",
     "--set", "curve_hands=8", "--set", "advantages=state_contrast",
-    "--set", "contrast_share=0.5", "--set", "warm_tail_steps=2", "--set", "warm_tail_lr=1e-2",
-    "--set", "top_p=0.99", "--sampler", "batch-invariant",
+    "--set", "contrast_share=0.5", "--set", "top_p=0.99", "--sampler", "batch-invariant",
 )  # fmt: skip
 """`plies demo blackjack` options of the shared run (its `--out` aside)."""
 TIMEOUT = 1200

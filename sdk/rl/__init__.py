@@ -3,7 +3,10 @@
 `train` is the whole loop for a script: give it a config, the tasks, an env factory, an
 episode (`ToolCallingHarness.play` or an agent harness's), a trainer and a sampler, and it
 trains in a run directory that the same call resumes after Ctrl-C or a crash. Recipes that
-own more of the run (a warm start, evaluations, a report) call `grpo` with their own `Run`.
+own more of the run (a warm start, evaluations, a report) call `grpo` with their own `Run`,
+and use what such a run needs besides: a held-out evaluation's mean and 95% interval
+(`mean_stderr`, `ci95`) and the paired comparison of two (`paired_improvement`), and pruning
+the policies a run published (`prune_policies`, `prune_service_policies`).
 docs/rl.md describes the loop and the run directory's schema.
 """
 
@@ -16,7 +19,13 @@ from ._grpo import Shape as Shape
 from ._grpo import grpo as grpo
 from ._grpo import train_on as train_on
 from ._progress import RunProgress as RunProgress
+from ._retention import prune_policies as prune_policies
+from ._retention import prune_service_policies as prune_service_policies
 from ._runlog import RunLog as RunLog
+from ._stats import Z95 as Z95
+from ._stats import ci95 as ci95
+from ._stats import mean_stderr as mean_stderr
+from ._stats import paired_improvement as paired_improvement
 from ._step import Metrics as Metrics
 from ._step import train_step as train_step
 from ._train import RUN_SCHEMA as RUN_SCHEMA
@@ -24,6 +33,7 @@ from ._train import train as train
 
 __all__ = [
     "RUN_SCHEMA",
+    "Z95",
     "GRPOConfig",
     "Interrupted",
     "Metrics",
@@ -31,7 +41,12 @@ __all__ = [
     "RunLog",
     "RunProgress",
     "Shape",
+    "ci95",
     "grpo",
+    "mean_stderr",
+    "paired_improvement",
+    "prune_policies",
+    "prune_service_policies",
     "train",
     "train_on",
     "train_step",

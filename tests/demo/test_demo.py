@@ -14,10 +14,9 @@ import pytest
 import smoke_run
 from demo_runs import records, wait
 
+from plies.environments.blackjack_exact import REFERENCES, expected_return, on_deals, price_record
 from plies.recipes.blackjack import BUDGETS
-from plies.recipes.blackjack.config import DEFAULT_KEEP_POLICIES
-from plies.recipes.blackjack.pricing import REFERENCES, on_deals, price_record
-from plies.recipes.blackjack.strategy import expected_return
+from plies.recipes.blackjack.config import DEFAULT_KEEP_POLICIES, EVAL_SEEDS
 from plies.runtime import read_groups
 from plies.testing import plies_command
 
@@ -43,15 +42,15 @@ def test_short_demo_writes_metrics_summary_and_curve(demo_run):
     smoke = dataclasses.asdict(BUDGETS["smoke"])
     assert recorded == {
         **smoke, "curve_hands": 8, "advantages": "state_contrast", "contrast_share": 0.5,
-        "warm_tail_steps": 2, "warm_tail_lr": 1e-2, "top_p": 0.99,
+        "top_p": 0.99,
     }  # fmt: skip
-    # The warm start's two stages: its steps at warm_lr, then the tail's at warm_tail_lr.
+    # The warm start: its steps at warm_lr, each applied once.
     warm_lrs = [
         line["result"]["metrics"]["lr"]
         for line in map(json.loads, (out / "server/trainer/journal.jsonl").open())
         if line["kind"] == "optim_step" and line["op_id"].startswith("warm-")
     ]
-    assert warm_lrs == [smoke["warm_lr"]] * smoke["warm_steps"] + [1e-2] * 2
+    assert warm_lrs == [smoke["warm_lr"]] * smoke["warm_steps"]
     summary = json.loads((out / "summary.json").read_text())
     for key in ("warm_start_return", "final_return", "eval_hands", "minutes", "policies"):
         assert summary[key] is not None, key
@@ -115,7 +114,7 @@ def test_short_demo_writes_metrics_summary_and_curve(demo_run):
     gain = summary["final_exact"] - summary["warm_start_exact"]
     assert summary["improvement_exact"] == pytest.approx(gain, abs=2e-4)
     # ...beside what the 32 deals paid the references, and their exact values.
-    scored = [i for i, r in enumerate(evals["final"]["rewards"]) if r is not None]
+    scored = [EVAL_SEEDS + i for i, r in enumerate(evals["final"]["rewards"]) if r is not None]
     for name, policy in REFERENCES.items():
         assert summary["references_on_held_out"][name] == pytest.approx(
             on_deals(policy, scored), abs=1e-4
@@ -370,7 +369,7 @@ def test_a_budget_whose_numbers_changed_is_refused_in_one_line(tmp_path):
         ("warm_players=dealer", "budget field warm_players is 'dealer'; known: random, thr"),
         ("advantages=batch", "budget field advantages is 'batch'; known: group, state_con"),
         ("contrast_share=1.5", "budget field contrast_share is 1.5: a share from 0 to 1"),
-        ("warm_tail_steps=-1", "budget field warm_tail_steps is -1: at least 0"),
+        ("curve_every=-1", "budget field curve_every is -1: at least 0"),
         ("top_p=0", "budget field top_p is 0.0: a finite number > 0"),
         ("top_p=1.5", "budget field top_p is 1.5: a share above 0, at most 1"),
     ],

@@ -1,4 +1,4 @@
-"""A run's headline: its policy priced exactly (`pricing.price`), and the deals' own luck.
+"""A run's headline: its policy priced exactly (`blackjack_exact.price`), and the deals' own luck.
 
 The dynamic programme is checked against a brute-force enumeration of the actual hands, built
 on the game's own `total` and `usable_ace` rather than the programme's (total, soft) states;
@@ -16,18 +16,23 @@ import pytest
 
 from plies.environments import BlackjackEnv
 from plies.environments.blackjack import DECK, BlackjackGame, total, usable_ace
-from plies.recipes.blackjack import BUDGETS
-from plies.recipes.blackjack.config import (
+from plies.environments.blackjack_exact import (
     ALWAYS_STAND_RETURN,
-    EVAL_SEEDS,
+    CELLS,
     OPTIMAL_RETURN,
     RANDOM_RETURN,
-    TEMPLATE_KWARGS,
+    REFERENCES,
+    difference,
+    expected_return,
+    on_deals,
+    optimal_hits,
+    price,
 )
-from plies.recipes.blackjack.evaluation import mean_stderr, play_held_out
-from plies.recipes.blackjack.pricing import CELLS, REFERENCES, difference, on_deals, price
+from plies.recipes.blackjack import BUDGETS
+from plies.recipes.blackjack.config import EVAL_SEEDS, TEMPLATE_KWARGS
+from plies.recipes.blackjack.evaluation import play_held_out
 from plies.recipes.blackjack.rewards import harness_for_budget
-from plies.recipes.blackjack.strategy import expected_return, optimal_hits
+from plies.rl import ci95, mean_stderr
 from plies.runtime import EnvPool, Interrupts, RolloutResources
 from plies.testing import ScriptedPolicy
 from plies.tokens import ChatRenderer
@@ -125,7 +130,7 @@ def test_an_evaluations_shares_priced_hold_the_exact_value_and_are_sharper_than_
     for seed in (1, 2):
         decisions, forfeits, rewards = _played(seed, 2000)
         priced = price(decisions, forfeits)
-        low, high = priced.ci95
+        low, high = ci95(priced.value, priced.stderr)
         assert low < exact < high, (seed, low, exact, high)
         assert priced.decisions == len(decisions) + len(forfeits)
         # The sampled mean of the same hands: an interval more than twice as wide.
@@ -153,26 +158,26 @@ def test_the_improvement_is_the_difference_with_both_uncertainties():
 
 
 def test_the_references_on_the_held_out_deals_are_what_those_deals_pay_them():
-    hands = range(300)
+    seeds = range(EVAL_SEEDS, EVAL_SEEDS + 300)
     for name in ("optimal", "always_stand"):  # deterministic: each deal played out once
         rewards = []
-        for i in hands:
-            game = BlackjackGame.deal(EVAL_SEEDS + i)
+        for seed in seeds:
+            game = BlackjackGame.deal(seed)
             while not game.done:
                 hit = REFERENCES[name](total(game.player), game.dealer[0], usable_ace(game.player))
                 game.hit() if hit else game.stand()
             rewards.append(game.reward)
-        assert on_deals(REFERENCES[name], hands) == pytest.approx(sum(rewards) / len(rewards))
+        assert on_deals(REFERENCES[name], seeds) == pytest.approx(sum(rewards) / len(rewards))
     # The coin's expectation on each deal, against coins flipped on the same deals.
     rng, rewards = random.Random(5), []
     for _ in range(40):
-        for i in hands:
-            game = BlackjackGame.deal(EVAL_SEEDS + i)
+        for seed in seeds:
+            game = BlackjackGame.deal(seed)
             while not game.done:
                 game.hit() if rng.random() < 0.5 else game.stand()
             rewards.append(game.reward)
     mean, stderr = mean_stderr(rewards)
-    assert abs(on_deals(REFERENCES["random"], hands) - mean) < 4 * stderr
+    assert abs(on_deals(REFERENCES["random"], seeds) - mean) < 4 * stderr
 
 
 @pytest.mark.anyio

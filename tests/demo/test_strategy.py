@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import pytest
 
 from plies.environments.blackjack import BlackjackGame, total
-from plies.recipes.blackjack.config import (
+from plies.environments.blackjack_exact import (
     ALWAYS_STAND_RETURN,
-    EVAL_SEEDS,
+    HARD_TOTALS,
     OPTIMAL_RETURN,
     RANDOM_RETURN,
-    DemoConfig,
-)
-from plies.recipes.blackjack.evaluation import mean_stderr
-from plies.recipes.blackjack.report import (
-    paired_improvement,
-    plot_strategy,
-    result_lines,
-    write_summary,
-)
-from plies.recipes.blackjack.strategy import (
-    HARD_TOTALS,
     SOFT_TOTALS,
     UP_CARDS,
     expected_return,
@@ -33,7 +21,13 @@ from plies.recipes.blackjack.strategy import (
     played_policy,
     strategy_table,
 )
-from plies.rl import RunLog
+from plies.recipes.blackjack.config import EVAL_SEEDS, DemoConfig
+from plies.recipes.blackjack.report import (
+    plot_strategy,
+    result_lines,
+    write_summary,
+)
+from plies.rl import RunLog, mean_stderr, paired_improvement
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -123,23 +117,6 @@ def test_the_strategy_figure_is_a_png(tmp_path):
     path = tmp_path / "strategy.png"
     plot_strategy(table, path)
     assert path.read_bytes()[:8] == PNG
-
-
-def test_the_improvement_pairs_hands_and_its_interval_is_narrower_than_unpaired():
-    before = [-1.0, 1.0, -1.0, 0.0, 1.0, -1.0, None, 1.0]
-    after = [-1.0, 1.0, 1.0, 0.0, 1.0, -1.0, 1.0, None]
-    mean, stderr, n = paired_improvement(before, after)
-    assert n == 6 and mean == pytest.approx(2 / 6)
-    diffs = [0, 0, 2, 0, 0, 0]
-    sd = math.sqrt(sum((d - 1 / 3) ** 2 for d in diffs) / 5)
-    assert stderr == pytest.approx(sd / math.sqrt(6))
-
-
-def test_the_standard_error_is_nan_where_it_cannot_be_estimated():
-    assert math.isnan(mean_stderr([])[0])
-    assert math.isnan(mean_stderr([1.0])[1])
-    mean, stderr = mean_stderr([1.0, -1.0, 1.0, -1.0])
-    assert mean == 0 and stderr == pytest.approx(math.sqrt(4 / 3) / 2)
 
 
 def _eval(label: str, step: int, rewards: list[float | None], decisions: list[list]) -> dict:

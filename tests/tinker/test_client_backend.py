@@ -51,11 +51,8 @@ from plies.policy import (
     TinkerPolicyClient,
     publish,
 )
-from plies.recipes.blackjack.retention import (
-    RETENTION_FILE,
-    prune_service_policies,
-    removed_versions,
-)
+from plies.rl import prune_service_policies
+from plies.rl._retention import RETENTION_FILE, removed_versions
 from plies.testing import closed_url
 from plies.training import (
     AdamParams,
@@ -239,7 +236,7 @@ async def test_the_demo_retention_deletes_what_it_does_not_keep_and_records_a_re
         published = [await trainer.save_policy() for _ in range(5)]  # v1 .. v5
         await trainer.delete_policy(published[1])  # v2 gone behind the run's back
         removed, failures = await prune_service_policies(
-            tmp_path, trainer, published, warm=1, keep=1, sampling=False
+            tmp_path, trainer, published, warm=1, keep=1, max_staleness=None
         )
         assert removed == [3, 4]
         assert len(failures) == 1 and published[1].uri in failures[0]
@@ -248,7 +245,7 @@ async def test_the_demo_retention_deletes_what_it_does_not_keep_and_records_a_re
             "keep_policies": 1, "kept": [1, 2, 5], "removed": [3, 4],
         }  # fmt: skip
         again, _ = await prune_service_policies(
-            tmp_path, trainer, published, warm=1, keep=1, sampling=False
+            tmp_path, trainer, published, warm=1, keep=1, max_staleness=None
         )
         assert again == [] and removed_versions(tmp_path) == {3, 4}
     rest = tinker.RestClient(base_url=served.url, api_key=KEY)

@@ -231,7 +231,7 @@ def write_default_size_run(out: Path, tokenizer, *, scale: float = 1.0, seed: in
     with (out / "metrics.jsonl").open("w") as f:
         for record in [warm, *steps, *evals]:
             f.write(json.dumps(record) + "\n")
-    from plies.recipes.blackjack.strategy import strategy_table
+    from plies.environments.blackjack_exact import strategy_table
 
     decisions = [
         (t, u, soft, rng.random() < (0.95 if t <= 11 else 0.6 if t <= 16 else 0.02))

@@ -20,21 +20,20 @@
    `MAX_STALENESS` steps ahead (staleness by pacing);
 5. evaluation on held-out deals (`evaluate`: the same seeds before and after, so the
    comparison is paired); metrics in `DIR/metrics.jsonl` (`RunLog`), then `DIR/summary.json`
-   (the headline: each policy's decision shares priced exactly, `pricing`; the sampled
+   (the headline: each policy's decision shares priced exactly by
+   `plies.environments.blackjack_exact`; the sampled
    returns beside the references on the same deals; 95% intervals, the paired improvement,
    the strategy table), `DIR/learning_curve.png` and `DIR/strategy.png` (`write_summary`).
    `DIR` follows `plies.rl`'s run-directory schema (docs/rl.md), with the recipe's own
    records added.
 
-Modules: `config` (budgets, seeds, prompt, reference returns), `warm_start`,
+Modules: `config` (budgets, seeds, prompt), `warm_start`,
 `rewards`, `state` (the `RunState` every phase receives), `evaluation`, `grpo`, `contrast`
 (the `state_contrast` advantages), `report`,
-`strategy` (the hit/stand grid per total and up card, and the exact optimum), `pricing`
-(what a run's policies are worth exactly, and what its deals paid the references),
 `run` (servers, clients, pools, and the phases in order), `trainers` (`--trainer native` or
-`tinker`: plies' own wire, or the Tinker API's training and sampling clients), `retention`
-(which published policies stay on disk, `--keep-policies`). The run log, the live display and
-the GRPO loop are `plies.rl`'s.
+`tinker`: plies' own wire, or the Tinker API's training and sampling clients). The run log,
+the live display, the GRPO loop and which published policies stay on disk (`--keep-policies`,
+`prune_policies`) are `plies.rl`'s.
 
 Resuming: everything that matters is in DIR. Completed groups are fsynced to
 `groups.jsonl` before training sees them; each step is announced in `metrics.jsonl`

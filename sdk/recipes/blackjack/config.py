@@ -1,4 +1,4 @@
-"""What a Blackjack run is: its budgets, its seeds, its prompt, and the numbers it is judged by."""
+"""What a Blackjack run is: its budgets, its seeds and its prompt."""
 
 from __future__ import annotations
 
@@ -18,11 +18,6 @@ SYSTEM_PROMPT = "You play Blackjack. Reply with exactly one tool call: hit or st
 
 TEMPLATE_KWARGS = MappingProxyType({"enable_thinking": False})
 """Qwen3 without thinking: a completion is just `<tool_call>...</tool_call><|im_end|>`."""
-
-RANDOM_RETURN = -0.396
-ALWAYS_STAND_RETURN = -0.186
-OPTIMAL_RETURN = -0.047
-"""Exact expected returns per hand under these rules (see docs/environments.md)."""
 
 WarmPlayers = Literal["random", "thresholds"]
 Advantages = Literal["group", "state_contrast"]
@@ -80,11 +75,6 @@ class Budget:
     eval_concurrency: int = 64
     max_turns: int = 10
     max_new_tokens: int = 32
-    warm_tail_steps: int = 0
-    """Warm-start steps taken after `warm_steps`, at `warm_tail_lr`: a second stage, for a
-    start that wants two rates (a fast one fixes the tool call's format, a slow one lets
-    the decision learn to read the cards; docs/research.md measures both orders)."""
-    warm_tail_lr: float = 3e-2
     warm_players: WarmPlayers = "random"
     """Who plays the warm start's transcripts (`transcripts`): coin flips, or threshold
     players whose labels depend on the total."""
@@ -126,15 +116,6 @@ class Budget:
                 raise ConfigError(f"budget field {name} is {value!r}; known: {', '.join(known)}")
 
     @property
-    def warm_total(self) -> int:
-        """All the warm start's steps, both stages."""
-        return self.warm_steps + self.warm_tail_steps
-
-    def warm_lr_at(self, step: int) -> float:
-        """The learning rate of warm-start step `step` (0-based): the stage it falls in."""
-        return self.warm_lr if step < self.warm_steps else self.warm_tail_lr
-
-    @property
     def grpo(self) -> GRPOConfig:
         """The GRPO phase's settings, for `plies.rl.grpo`."""
         return GRPOConfig(
@@ -156,7 +137,6 @@ class Budget:
 
 _LEAST: dict[str, float] = {
     "warm_hands": 1, "warm_steps": 1, "warm_batch": 1, "warm_lr": 0.0,
-    "warm_tail_steps": 0, "warm_tail_lr": 0.0,
     "grpo_steps": 1, "groups_per_step": 1, "group_size": 2, "lr": 0.0,
     "eval_hands": 1, "curve_every": 0, "curve_hands": 1, "eval_concurrency": 1, "top_p": 0.0,
     "max_turns": 1, "max_new_tokens": 1,
@@ -173,15 +153,33 @@ _CHOICES: dict[str, Any] = {
 """The fields that name one of a few choices, and the `Literal` that lists them."""
 
 
+_REMOVED: dict[str, Any] = {"warm_tail_steps": 0, "warm_tail_lr": 3e-2}
+"""Budget fields plies no longer has, at the defaults they had: the warm start's second stage
+(docs/research.md has what it measured)."""
+
+
 def recorded_budget(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """A `run.json`'s budget with every field it predates at its default.
+    """A `run.json`'s budget with every field it predates at its default, and every field
+    removed since dropped.
 
     A run recorded before a field existed ran with that field's default behaviour (a new
     field's default is always the old behaviour), so resuming it must not be refused over
-    the field's absence. A field without a default stays missing, and so differs.
+    the field's absence. A field without a default stays missing, and so differs. A removed
+    field at its old default is the behaviour this version has, so it is dropped; at another
+    value the run did what this version cannot, so it is refused.
+
+    Raises:
+        ConfigError: the record holds a removed field at other than its old default.
     """
+    for name, old in _REMOVED.items():
+        if name in saved and saved[name] != old:
+            raise ConfigError(
+                f"the run was made with budget field {name}={saved[name]}, which this version "
+                "of plies no longer has (the warm start's second stage): resume it with the "
+                "version that made it, or start over with --fresh"
+            )
     defaults = {f.name: f.default for f in fields(Budget) if f.default is not MISSING}
-    return {**defaults, **saved}
+    return {**defaults, **{k: v for k, v in saved.items() if k not in _REMOVED}}
 
 
 def recorded_config(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,15 +11,15 @@ import anyio
 
 from plies import AdmissionClosed, PolicyRef, Status
 from plies.environments import Task
+from plies.environments.blackjack_exact import Cell, Decision, hand_of
 from plies.harness import ToolCallingHarness
-from plies.rl import Interrupted
+from plies.rl import Z95, Interrupted, mean_stderr
 from plies.runtime import GroupSpec, Interrupts, RolloutDriver, RolloutResources
 
 from .config import EVAL_SEEDS
 from .state import RunState
-from .strategy import Cell, Decision, hand_of
 
-__all__ = ["Z95", "EvalResult", "evaluate", "mean_stderr", "play_held_out"]
+__all__ = ["EvalResult", "evaluate", "play_held_out"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,24 +42,8 @@ class EvalResult:
     decisions: tuple[Decision, ...]
     """Every hit/stand decision with the state it was taken in (the strategy grid's data)."""
     forfeits: tuple[Cell, ...]
-    """The state of each hand left unfinished (`strategy.hand_of`): with `decisions`, what
-    `pricing.price` prices."""
-
-
-Z95 = 1.96
-"""A 95% normal-approximation interval is the mean +- Z95 standard errors."""
-
-
-def mean_stderr(values: list[float]) -> tuple[float, float]:
-    """The mean and its standard error (NaN where it cannot be estimated)."""
-    n = len(values)
-    if n == 0:
-        return float("nan"), float("nan")
-    mean = sum(values) / n
-    if n == 1:
-        return mean, float("nan")
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
+    """The state of each hand left unfinished (`hand_of`): with `decisions`, what
+    `blackjack_exact.price` prices."""
 
 
 async def play_held_out(

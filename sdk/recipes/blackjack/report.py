@@ -13,24 +13,24 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plies.rl import RunLog
-
-from .config import (
+from plies.environments.blackjack_exact import (
     ALWAYS_STAND_RETURN,
+    HARD_TOTALS,
     OPTIMAL_RETURN,
     RANDOM_RETURN,
-    DemoConfig,
-)
-from .evaluation import Z95, mean_stderr
-from .pricing import REFERENCES, difference, on_deals, price_record
-from .strategy import (
-    HARD_TOTALS,
+    REFERENCES,
     SOFT_TOTALS,
     UP_CARDS,
+    difference,
     expected_return,
+    on_deals,
     optimal_hits,
+    price_record,
     strategy_table,
 )
+from plies.rl import Z95, RunLog, ci95, paired_improvement
+
+from .config import EVAL_SEEDS, DemoConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 __all__ = [
     "disk_bytes",
     "exact_figures",
-    "paired_improvement",
     "plot_curve",
     "plot_strategy",
     "print_result",
@@ -47,25 +46,8 @@ __all__ = [
 ]
 
 
-def _interval(mean: float, stderr: float) -> list[float] | None:
-    """The 95% interval [low, high], or None where the standard error is unknown."""
-    if not (math.isfinite(mean) and math.isfinite(stderr)):
-        return None
-    return [round(mean - Z95 * stderr, 4), round(mean + Z95 * stderr, 4)]
-
-
 def _eval_interval(record: dict[str, Any] | None) -> list[float] | None:
-    return None if record is None else _interval(record["return"], record.get("stderr", math.nan))
-
-
-def paired_improvement(
-    before: list[float | None], after: list[float | None]
-) -> tuple[float, float, int]:
-    """Mean of after - before over the hands both evaluations scored, its standard error, and
-    how many hands paired: the same deals, so deal luck cancels out of the difference."""
-    diffs = [b - a for a, b in zip(before, after, strict=False) if a is not None and b is not None]
-    mean, stderr = mean_stderr(diffs)
-    return mean, stderr, len(diffs)
+    return None if record is None else ci95(record["return"], record.get("stderr", math.nan))
 
 
 def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, Any]:
@@ -81,7 +63,7 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
     if warm and final and "rewards" in warm and "rewards" in final:
         mean, stderr, paired = paired_improvement(warm["rewards"], final["rewards"])
         if paired:
-            improvement, improvement_ci = round(mean, 4), _interval(mean, stderr)
+            improvement, improvement_ci = round(mean, 4), ci95(mean, stderr)
     latest = final or warm
     summary = {
         "config": config.key(),
@@ -134,8 +116,9 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
 def exact_figures(
     warm: dict[str, Any] | None, final: dict[str, Any] | None
 ) -> dict[str, float | list[float] | None]:
-    """The headline: each evaluation's decision shares priced exactly (`pricing.price`), with
-    95% intervals for how well the evaluation measured them, and GRPO's improvement so priced."""
+    """The headline: each evaluation's decision shares priced exactly
+    (`blackjack_exact.price`), with 95% intervals for how well the evaluation measured them,
+    and GRPO's improvement so priced."""
     priced = {
         label: None if record is None else price_record(record)
         for label, record in (("warm_start", warm), ("final", final))
@@ -147,7 +130,7 @@ def exact_figures(
     out: dict[str, float | list[float] | None] = {}
     for label, value in priced.items():
         out[f"{label}_exact"] = None if value is None else round(value.value, 4)
-        out[f"{label}_exact_ci95"] = None if value is None else _interval(value.value, value.stderr)
+        out[f"{label}_exact_ci95"] = None if value is None else ci95(value.value, value.stderr)
     return out
 
 
@@ -156,8 +139,8 @@ def _on_held_out(record: dict[str, Any] | None) -> dict[str, float] | None:
     index): what those deals were worth to them, to read the sampled return against."""
     if record is None or "rewards" not in record:
         return None
-    hands = [i for i, reward in enumerate(record["rewards"]) if reward is not None]
-    return {name: round(on_deals(p, hands), 4) for name, p in REFERENCES.items()}
+    seeds = [EVAL_SEEDS + i for i, reward in enumerate(record["rewards"]) if reward is not None]
+    return {name: round(on_deals(p, seeds), 4) for name, p in REFERENCES.items()}
 
 
 def result_lines(summary: dict[str, Any], out: Path) -> list[str]:

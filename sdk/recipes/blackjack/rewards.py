@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plies.environments.blackjack_exact import FORFEIT
 from plies.harness import (
     EpisodeLimits,
     IllFormedReward,
@@ -15,18 +16,15 @@ from plies.tokens import ChatRenderer
 
 from .config import SYSTEM_PROMPT, Budget
 
-__all__ = ["FORFEIT", "FORFEIT_REWARDS", "harness_for_budget", "sampling_for_budget"]
-
-FORFEIT = -1.0
-"""The reward of a hand the model did not finish (ill-formed call, or out of tokens or turns):
-scored as a loss, so evaluation counts it and GRPO learns to avoid it."""
+__all__ = ["FORFEIT_REWARDS", "harness_for_budget", "sampling_for_budget"]
 
 FORFEIT_REWARDS = RewardPolicy(
     truncated=TruncationReward(reward=FORFEIT),
     ill_formed=IllFormedReward(reward=FORFEIT),
     unpaid=UnpaidReward(reward=FORFEIT),
 )
-"""The harness's reward policy for Blackjack: every way of leaving a hand unfinished loses it.
+"""The harness's reward policy for Blackjack: every way of leaving a hand unfinished loses it
+(`FORFEIT`), so evaluation counts it, GRPO learns to avoid it, and `price` prices it.
 
 A truncated hand is scored flat rather than by what the tools paid (a hit that did not bust
 pays 0), so running out of turns is never better than standing."""

@@ -105,7 +105,7 @@ def main(
     `trainer="tinker"` trains and samples through the Tinker API: on `tinker_url` (or
     `TINKER_BASE_URL`, with `TINKER_API_KEY`), else on the embedded server's (`trainers`).
     `sampler`: how the embedded server decodes (`config.SamplerName`).
-    `keep_policies`: the newest GRPO policies kept on disk (None: all; `retention`).
+    `keep_policies`: the newest GRPO policies kept on disk (None: all; `plies.rl.prune_policies`).
     `settings`: `FIELD=VALUE`s changing the budget's numbers (`config.budget_with`).
     `fresh`: remove the run already in `out` and start over.
 
@@ -174,6 +174,8 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
     try:
         saved = json.loads(run_file.read_text())
         saved_config, saved_budget = recorded_config(saved), recorded_budget(saved["budget"])
+    except ConfigError:
+        raise
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(
             f"{run_file} is not a run record ({type(err).__name__}: {err}); "
@@ -340,12 +342,12 @@ async def _warm_start(run: RunState) -> dict[str, Any]:
     if start:
         run.log.write("warm_resume", step=start)
         run.console.print(
-            f"warm start: resuming at step {start} of {budget.warm_total} "
+            f"warm start: resuming at step {start} of {budget.warm_steps} "
             "(every step the trainer applied)"
         )
     else:
         run.console.print(
-            f"warm start: {budget.warm_total} supervised steps on transcripts of "
+            f"warm start: {budget.warm_steps} supervised steps on transcripts of "
             f"{budget.warm_players} players"
         )
     data = await transcripts(
@@ -355,7 +357,7 @@ async def _warm_start(run: RunState) -> dict[str, Any]:
         policy=run.base,
         players=budget.warm_players,
     )
-    with run.progress.phase("warm start", budget.warm_total, completed=start) as phase:
+    with run.progress.phase("warm start", budget.warm_steps, completed=start) as phase:
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             phase.advance(status=f"loss {metrics.get('loss', 0):.3f}")

@@ -11,13 +11,12 @@ from rich.console import Console
 from plies import PolicyRef
 from plies.harness import ToolCallingHarness
 from plies.policy import TinkerPolicyClient, VLLMClient, publish
-from plies.rl import Interrupted, RunLog, RunProgress
+from plies.rl import Interrupted, RunLog, RunProgress, prune_policies, prune_service_policies
 from plies.runtime import Interrupts, RolloutResources
 from plies.tokens import ChatRenderer
 from plies.training import TinkerTrainingClient, Trainer
 
-from .config import Budget, DemoConfig
-from .retention import prune_policies, prune_service_policies
+from .config import MAX_STALENESS, Budget, DemoConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -68,7 +67,7 @@ class RunState:
 
     async def publish(self, policy: PolicyRef) -> None:
         """Serve `policy` for sampling, then remove the published policies the run no longer
-        keeps (`retention`); harmless when it is already served."""
+        keeps (`prune`); harmless when it is already served."""
         await publish(policy, [self.client])
         await self.prune(sampling=True, newest=policy)
 
@@ -79,8 +78,12 @@ class RunState:
         warm = self.log.last("warm_start")
         warm_version = None if warm is None else warm["policy"]["version"]
         keep = self.config.keep_policies
+        staleness = MAX_STALENESS if sampling else None
         if self.policy_service is None:
-            return prune_policies(self.out, warm=warm_version, keep=keep, sampling=sampling)
+            root = self.out / "server" / "policies"  # where the embedded `plies serve` publishes
+            return prune_policies(
+                self.out, root, warm=warm_version, keep=keep, max_staleness=staleness
+            )
         logged = [r["policy"] for kind in ("warm_start", "step") for r in self.log.all(kind)]
         published = [PolicyRef.model_validate(p) for p in logged] + ([newest] if newest else [])
         removed, failures = await prune_service_policies(
@@ -89,7 +92,7 @@ class RunState:
             published,
             warm=warm_version,
             keep=keep,
-            sampling=sampling,
+            max_staleness=staleness,
         )
         for why in failures:
             self.console.print(f"[yellow]retention[/]: {why}; it is tried again later")

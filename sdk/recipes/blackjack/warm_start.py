@@ -100,22 +100,21 @@ async def warm_start(
     start: int = 0,
     on_step: Callable[[int, Metrics], None] | None = None,
 ) -> PolicyRef:
-    """Supervised steps (`cross_entropy`) over `data` from step `start`, then `save_policy`.
-
-    Both stages run here: `warm_steps` at `warm_lr`, then `warm_tail_steps` at `warm_tail_lr`.
+    """Supervised steps (`cross_entropy`) over `data` from step `start` to the budget's
+    `warm_steps`, at `warm_lr`, then `save_policy`.
 
     Each step's op ids name the step, so running it again after a crash repeats nothing.
     `start` is the number of steps the trainer already applied (`applied_steps`): a warm
     start cut off by Ctrl-C continues from its last applied step rather than from step 0.
     """
-    for step in range(start, budget.warm_total):
+    for step in range(start, budget.warm_steps):
         first = (step * budget.warm_batch) % len(data)
         hands = [data[(first + j) % len(data)] for j in range(budget.warm_batch)]
         batch = TrainingBatch(
             data=[Datum.from_segment(seg, 1.0) for t in hands for seg in t.segments()]
         )
         fb, _ = await train_step(
-            trainer, f"warm-{step}", batch, loss="cross_entropy", lr=budget.warm_lr_at(step)
+            trainer, f"warm-{step}", batch, loss="cross_entropy", lr=budget.warm_lr
         )
         if on_step is not None:
             on_step(step, fb)

@@ -1,38 +1,76 @@
-"""The strategy grid: what a policy does per (player total, dealer up card, soft), and the optimum.
+"""Blackjack's exact values: the optimal strategy, what any policy is worth, and pricing.
 
-The optimum is exact for plies' rules (an infinite deck, the dealer stands on every 17, no
-doubling or splitting): a small dynamic programme over the player's (total, soft) state
-against the dealer's final-total distribution for each up card. It is the grid a person
-compares a learned policy with, and the source of `OPTIMAL_RETURN`'s check in the tests.
+The rules (`plies.environments.blackjack`: an infinite deck, the dealer stands on every 17,
+no doubling or splitting) make the game a small Markov chain over the player's (total, soft)
+state against the dealer's final-total distribution for each up card, so everything here is
+a dynamic programme rather than a simulation:
+
+- the strategy grid: what a policy does per (player total, dealer up card, soft), and the
+  optimum (`optimal_hits`, `strategy_table`), the chart a learned policy is compared with;
+- a policy's exact expected return per hand (`expected_return`, `policy_values`), with the
+  figures `RANDOM_RETURN`, `ALWAYS_STAND_RETURN` and `OPTIMAL_RETURN` that the tests check
+  against it;
+- pricing a run's decision shares (`price`): a held-out evaluation of 2,000 hands at
+  temperature 1 measures a policy to about +-0.04 (95%), and the deals themselves may be
+  lucky (the optimal chart scores -0.035 on a recipe's first 2,000 against -0.047 exactly).
+  The evaluation's decisions give, per cell, the share of hits, stands and forfeits (an
+  ill-formed or cut-off call, scored `FORFEIT`); the programme prices those shares. The
+  state is Markov, so a policy that looks at more of the conversation is worth exactly what
+  its shares per cell, weighted by how often it reaches each history, are worth: the
+  evaluation's own visits are that weighting. What is not exact is how well the hands
+  measure the shares; the standard error says that (`Priced`). Beside it, the reference
+  policies played on the same deals (`on_deals`) show a lucky deal set as references above
+  their exact values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from plies.environments.blackjack import DECK, BlackjackGame, total, usable_ace
-
-from .rewards import FORFEIT
+from ._blackjack_game import DECK, BlackjackGame, total, usable_ace
 
 __all__ = [
+    "ALWAYS_STAND_RETURN",
+    "CELLS",
+    "FORFEIT",
     "HARD_TOTALS",
+    "OPTIMAL_RETURN",
+    "RANDOM_RETURN",
+    "REFERENCES",
     "SOFT_TOTALS",
     "UP_CARDS",
     "Cell",
     "Decision",
     "Hand",
+    "Priced",
+    "difference",
     "expected_return",
     "hand_of",
+    "on_deals",
     "optimal_hits",
     "optimal_return",
     "played_policy",
     "policy_values",
+    "price",
+    "price_record",
     "strategy_table",
 ]
+
+RANDOM_RETURN = -0.396
+ALWAYS_STAND_RETURN = -0.186
+OPTIMAL_RETURN = -0.047
+"""Exact expected returns per hand of a coin flip, of always standing and of the optimal
+chart, rounded (`expected_return` computes them; docs/environments.md)."""
+
+FORFEIT = -1.0
+"""What a hand left unfinished (an ill-formed call, or out of tokens or turns) is worth:
+scored as a loss, the value `expected_return` and `price` give a forfeit."""
 
 UP_CARDS = tuple(range(1, 11))
 """Dealer up cards, the ace as 1 (the grid's columns)."""
@@ -152,7 +190,7 @@ def policy_values(
     """`expected_return` of many policies at once, unchecked: each share a float or an array
     (one policy per element), the value the same shape. The value is linear in each cell's
     shares, so an array of shares nudged one cell at a time gives its exact derivatives
-    (`pricing`), and shares outside [0, 1] give that linear function's value there."""
+    (`price`), and shares outside [0, 1] give that linear function's value there."""
 
     @cache
     def value(state: tuple[int, bool], up: int) -> Any:
@@ -248,3 +286,113 @@ def strategy_table(decisions: Iterable[Decision]) -> dict[str, Any]:
             rows[str(player)] = row
         table["soft" if soft else "hard"] = rows
     return table
+
+
+CELLS: tuple[Cell, ...] = tuple(
+    (player, up, soft)
+    for soft, totals in ((False, HARD_TOTALS), (True, SOFT_TOTALS))
+    for player in totals
+    for up in UP_CARDS
+)
+"""Every cell a decision can be taken in: the states the dynamic programme asks about."""
+
+Policy = Callable[[int, int, bool], float]
+
+REFERENCES: Mapping[str, Policy] = {
+    "random": lambda t, u, s: 0.5,
+    "always_stand": lambda t, u, s: 0.0,
+    "optimal": lambda t, u, s: float(optimal_hits(t, u, s)),
+}
+"""The policies a run is read against, as hit shares (summary.json's `references`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Priced:
+    """A policy's exact expected return per hand at its measured shares, and how sure it is.
+
+    The standard error is the delta method's: the value is linear in each cell's shares, and its
+    derivatives (the programme's, nudging one cell at a time) times each cell's share
+    variance give the value's. A cell's variance is taken at its shares with half a hit and
+    half a stand added (so a cell that went one way every time in a few visits still counts
+    as unsure, and one never visited as anything from stand to hit), over its visits plus
+    one. Two policies' evaluations are independent draws given the cells visited, so their
+    difference's variance is the sum (`difference`).
+    """
+
+    value: float
+    stderr: float
+    decisions: int
+    """Decisions (and forfeits) measured."""
+
+
+def price(decisions: Iterable[Sequence[Any]], forfeits: Iterable[Sequence[Any]] = ()) -> Priced:
+    """Price the shares of `decisions` ((total, up, soft, hit)) and `forfeits` ((total, up,
+    soft): a hand left unfinished there) per cell; a cell never met is a coin flip."""
+    counts = {cell: [0, 0, 0] for cell in CELLS}  # hits, stands, forfeits
+    for player, up, soft, hit in decisions:
+        counts[(player, up, bool(soft))][0 if hit else 1] += 1
+    for player, up, soft in forfeits:
+        counts[(player, up, bool(soft))][2] += 1
+    index = {cell: i for i, cell in enumerate(CELLS)}
+    n = np.array([sum(counts[c]) for c in CELLS], dtype=float)
+    hits = np.array([counts[c][0] for c in CELLS], dtype=float)
+    lost = np.array([counts[c][2] for c in CELLS], dtype=float)
+    seen = n > 0
+    hit = np.where(seen, hits / np.maximum(n, 1), 0.5)
+    forfeit = np.where(seen, lost / np.maximum(n, 1), 0.0)
+    # Columns: the measured shares, then each cell's hit share nudged, then its forfeit share.
+    k = len(CELLS)
+    step = np.eye(k)
+    hit_cols = np.concatenate([hit[:, None], hit[:, None] + step, np.repeat(hit[:, None], k, 1)], 1)
+    lost_cols = np.concatenate(
+        [forfeit[:, None], np.repeat(forfeit[:, None], k, 1), forfeit[:, None] + step], 1
+    )
+    values = policy_values(
+        lambda t, u, s: hit_cols[index[(t, u, s)]], lambda t, u, s: lost_cols[index[(t, u, s)]]
+    )
+    base = float(values[0])
+    d_hit, d_lost = values[1 : k + 1] - base, values[k + 1 :] - base
+    # Each cell's share covariance, at half a hit and half a stand more, over visits + 1.
+    p_hit, p_lost = (hits + 0.5) / (n + 1), lost / (n + 1)
+    var = (
+        d_hit**2 * p_hit * (1 - p_hit)
+        + d_lost**2 * p_lost * (1 - p_lost)
+        - 2 * d_hit * d_lost * p_hit * p_lost
+    ) / (n + 1)
+    return Priced(base, math.sqrt(float(var.sum())), int(n.sum()))
+
+
+def price_record(record: Mapping[str, Any]) -> Priced:
+    """`price` of an evaluation as the run log holds it (a record from before forfeits were
+    logged prices its decisions alone)."""
+    return price(record.get("decisions", ()), record.get("forfeits", ()))
+
+
+def difference(after: Priced, before: Priced) -> Priced:
+    """`after` - `before`, e.g. GRPO's improvement on its warm start, priced exactly."""
+    stderr = math.hypot(after.stderr, before.stderr)
+    return Priced(after.value - before.value, stderr, after.decisions + before.decisions)
+
+
+def on_deals(hit_share: Policy, seeds: Iterable[int]) -> float:
+    """The mean expected reward of `hit_share` on the deals of `seeds`: on each, the cards
+    are fixed, so the chance of each way the hand can go is the product of the
+    policy's calls, summed exactly (a deterministic policy plays the deal out once)."""
+    rewards = []
+    for seed in seeds:
+        reach, expected, hits = 1.0, 0.0, 0
+        while reach > 0.0:
+            game = BlackjackGame.deal(seed)
+            for _ in range(hits):
+                game.hit()
+            if game.done:  # busted on the last hit
+                expected += reach * game.reward
+                break
+            p = hit_share(total(game.player), game.dealer[0], usable_ace(game.player))
+            if p < 1.0:
+                game.stand()
+                expected += reach * (1.0 - p) * game.reward
+            reach *= p
+            hits += 1
+        rewards.append(expected)
+    return sum(rewards) / len(rewards) if rewards else float("nan")

@@ -1,16 +1,17 @@
 """Which published policies a run keeps on disk, and the record of those it removed.
 
-Every policy the trainer publishes is a whole model directory under `RUN_DIR/server/policies/
-<version>/` (about 56 MB for the tiny model), so a run that kept them all would grow by one
-per GRPO step. A run keeps:
+Every policy a trainer publishes through `plies serve` is a whole model directory under the
+server's `STATE_DIR/policies/<version>/` (about 56 MB for the tiny model), so a run that kept
+them all would grow by one per GRPO step. A run keeps:
 
 - version 0, the server's copy of the base model (the server reopens its store from it);
-- the warm start's policy (the warm-start evaluation, and `plies replay` of the first step's
-  groups, sample from it);
-- the newest `keep` policies (`--keep-policies`; the newest is what a resume serves and the
-  final evaluation plays);
+- the warm start's policy, if the run had one (its evaluation, and `plies replay` of the
+  first step's groups, sample from it);
+- the newest `keep` policies (the newest is what a resume serves and a final evaluation
+  plays);
 - while the run samples, every version a group in flight may still sample from (the newest
-  `MAX_STALENESS + 1`); the sampler holds those in memory, and nothing older.
+  `max_staleness + 1`, `GRPOConfig.max_staleness`); the sampler holds those in memory, and
+  nothing older.
 
 `RUN_DIR/retention.json` says what was removed, so a reader of the run (`plies replay`) can
 tell a version that was not kept from one that never existed::
@@ -21,11 +22,10 @@ tell a version that was not kept from one that never existed::
 directory to `.tmp-removed-<version>` first, a name the policy store deletes when it opens,
 so a crash midway never leaves a directory that looks published but lacks its weights.
 
-On the Tinker path (`--trainer tinker`) the service holds the policies, as sampler weights
-named by `tinker://` paths in the run's log; the same versions are kept, and the others are
-deleted through the Tinker API (`prune_service_policies`), on `plies serve` or any other
-service. One the service will not delete stays, is left out of `removed`, and is tried again
-at the next prune.
+Where the Tinker API holds the policies (sampler weights named by `tinker://` paths in the
+run's log), the same versions are kept and the others are deleted through the API
+(`prune_service_policies`), on `plies serve` or any other service. One the service will not
+delete stays, is left out of `removed`, and is tried again at the next prune.
 """
 
 from __future__ import annotations
@@ -40,12 +40,9 @@ from plies import PolicyRef, TrainingError
 from plies._durable import fsync_dir, write_atomic
 from plies.training import TinkerTrainingClient
 
-from .config import MAX_STALENESS
-
 __all__ = [
     "RETENTION_FILE",
     "kept_versions",
-    "policies_dir",
     "prune_policies",
     "prune_service_policies",
     "removed_versions",
@@ -56,19 +53,22 @@ _POLICY_FILE = "policy.json"
 """What marks a published version's directory (the policy store's own marker)."""
 
 
-def policies_dir(out: Path) -> Path:
-    """Where the embedded `plies serve` publishes the run's policies."""
-    return out / "server" / "policies"
-
-
 def kept_versions(
-    published: list[int], *, warm: int | None, keep: int | None, sampling: bool
+    published: list[int], *, warm: int | None, keep: int | None, max_staleness: int | None
 ) -> set[int]:
-    """The versions of `published` to keep: see the module docstring."""
+    """The versions of `published` to keep: see the module docstring.
+
+    Args:
+        published: The versions published so far.
+        warm: The warm start's version (None: none yet, or no warm start).
+        keep: How many of the newest to keep (None: all).
+        max_staleness: While the run samples, how many versions a group in flight may lag
+            behind the newest (None: nothing samples now).
+    """
     if keep is None or not published:
         return set(published)
     newest = max(published)
-    window = keep if not sampling else max(keep, MAX_STALENESS + 1)
+    window = keep if max_staleness is None else max(keep, max_staleness + 1)
     kept = {v for v in published if v > newest - window}
     kept.add(0)
     if warm is not None:
@@ -86,18 +86,25 @@ def removed_versions(out: Path) -> set[int]:
     return {v for v in removed or [] if isinstance(v, int)}
 
 
-def prune_policies(out: Path, *, warm: int | None, keep: int | None, sampling: bool) -> list[int]:
-    """Remove the published policies `kept_versions` does not keep; return those removed.
+def prune_policies(
+    out: Path,
+    root: Path,
+    *,
+    warm: int | None,
+    keep: int | None,
+    max_staleness: int | None,
+) -> list[int]:
+    """Remove from `root` (a `plies serve` state directory's `policies/`) the published
+    policies `kept_versions` does not keep; return those removed.
 
-    Writes `retention.json` (also when nothing was removed, so that it names the policy).
+    Writes `out/retention.json` (also when nothing was removed, so that it names the policy).
     """
-    root = policies_dir(out)
-    if not root.is_dir():  # a Tinker run: the service keeps its policies
+    if not root.is_dir():  # nothing published there yet
         return []
     published = sorted(
         int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / _POLICY_FILE).exists()
     )
-    kept = kept_versions(published, warm=warm, keep=keep, sampling=sampling)
+    kept = kept_versions(published, warm=warm, keep=keep, max_staleness=max_staleness)
     gone = [v for v in published if v not in kept]
     for version in gone:
         doomed = root / f".tmp-removed-{version}"
@@ -115,7 +122,7 @@ async def prune_service_policies(
     *,
     warm: int | None,
     keep: int | None,
-    sampling: bool,
+    max_staleness: int | None,
 ) -> tuple[list[int], list[str]]:
     """Delete on the service the sampler weights of the `published` policies (those the
     run's log names) that `kept_versions` does not keep; return the versions removed and,
@@ -126,7 +133,7 @@ async def prune_service_policies(
     """
     gone_before = removed_versions(out)
     by_version = {p.version: p for p in published if p.version not in gone_before}
-    kept = kept_versions(sorted(by_version), warm=warm, keep=keep, sampling=sampling)
+    kept = kept_versions(sorted(by_version), warm=warm, keep=keep, max_staleness=max_staleness)
     gone: list[int] = []
     failures: list[str] = []
     for version in sorted(set(by_version) - kept):

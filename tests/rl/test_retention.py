@@ -1,5 +1,5 @@
-"""Which published policies a run keeps: pruned from a real policy store, which still opens
-and serves what is kept, with `retention.json` naming what was removed."""
+"""Which published policies a run keeps (`plies.rl.prune_policies`): pruned from a real policy
+store, which still opens and serves what is kept, with `retention.json` naming what was removed."""
 
 from __future__ import annotations
 
@@ -8,14 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from plies.recipes.blackjack.config import DEFAULT_KEEP_POLICIES, MAX_STALENESS
-from plies.recipes.blackjack.retention import (
-    RETENTION_FILE,
-    kept_versions,
-    policies_dir,
-    prune_policies,
-    removed_versions,
-)
+from plies.rl import prune_policies
+from plies.rl._retention import RETENTION_FILE, kept_versions, removed_versions
 from plies.server import PolicyStore
 
 
@@ -39,9 +33,9 @@ def _run_with_policies(tmp_path: Path, newest: int) -> tuple[Path, PolicyStore, 
     return out, store, model
 
 
-def test_the_default_keeps_base_warm_start_and_the_newest_and_records_the_rest(tmp_path):
-    out, _, model = _run_with_policies(tmp_path, 12)
-    removed = prune_policies(out, warm=1, keep=DEFAULT_KEEP_POLICIES, sampling=False)
+def test_a_prune_keeps_base_warm_start_and_the_newest_and_records_the_rest(tmp_path):
+    out, store, model = _run_with_policies(tmp_path, 12)
+    removed = prune_policies(out, store.root, warm=1, keep=3, max_staleness=None)
     assert removed == list(range(2, 10))
     reopened = PolicyStore.open(out / "server", model)  # as a resumed run's server does
     assert reopened.versions() == [0, 1, 10, 11, 12]
@@ -54,42 +48,43 @@ def test_the_default_keeps_base_warm_start_and_the_newest_and_records_the_rest(t
     source.mkdir()
     (source / "model.safetensors").write_bytes(b"weights 13")
     assert reopened.publish_dir(source).version == 13
-    prune_policies(out, warm=1, keep=3, sampling=False)
+    prune_policies(out, store.root, warm=1, keep=3, max_staleness=None)
     assert removed_versions(out) == set(range(2, 11))  # accumulated over prunes
 
 
 def test_while_sampling_the_versions_groups_may_still_sample_from_stay(tmp_path):
     out, store, _ = _run_with_policies(tmp_path, 6)
-    prune_policies(out, warm=1, keep=1, sampling=True)
-    assert store.versions() == [0, 1, *range(6 - MAX_STALENESS, 7)]
-    prune_policies(out, warm=1, keep=1, sampling=False)  # sampling over: the newest alone
+    prune_policies(out, store.root, warm=1, keep=1, max_staleness=2)
+    assert store.versions() == [0, 1, 4, 5, 6]
+    prune_policies(out, store.root, warm=1, keep=1, max_staleness=None)  # sampling over
     assert store.versions() == [0, 1, 6]
 
 
 def test_keep_all_removes_nothing_and_says_so(tmp_path):
     out, store, _ = _run_with_policies(tmp_path, 5)
-    assert prune_policies(out, warm=1, keep=None, sampling=False) == []
+    assert prune_policies(out, store.root, warm=1, keep=None, max_staleness=None) == []
     assert store.versions() == list(range(6))
     assert json.loads((out / RETENTION_FILE).read_text())["keep_policies"] == "all"
 
 
 def test_a_removal_cut_off_midway_leaves_nothing_that_looks_published(tmp_path):
-    out, _, model = _run_with_policies(tmp_path, 4)
+    out, store, model = _run_with_policies(tmp_path, 4)
     # What a crash between the rename and the delete leaves behind:
-    (policies_dir(out) / "2").rename(policies_dir(out) / ".tmp-removed-2")
+    (store.root / "2").rename(store.root / ".tmp-removed-2")
     reopened = PolicyStore.open(out / "server", model)
     assert reopened.versions() == [0, 1, 3, 4]
-    assert not (policies_dir(out) / ".tmp-removed-2").exists()
+    assert not (store.root / ".tmp-removed-2").exists()
 
 
 @pytest.mark.parametrize(
-    ("published", "warm", "keep", "sampling", "kept"),
+    ("published", "warm", "keep", "max_staleness", "kept"),
     [
-        ([0], None, 3, True, {0}),
-        ([0, 1], 1, 1, False, {0, 1}),
-        ([0, 1, 2, 3, 4, 5], None, 2, False, {0, 4, 5}),  # before the warm start is logged
-        ([0, 1, 2, 3, 4, 5], 1, 5, True, {0, 1, 2, 3, 4, 5}),
+        ([0], None, 3, 2, {0}),
+        ([0, 1], 1, 1, None, {0, 1}),
+        ([0, 1, 2, 3, 4, 5], None, 2, None, {0, 4, 5}),  # before the warm start is logged
+        ([0, 1, 2, 3, 4, 5], 1, 5, 2, {0, 1, 2, 3, 4, 5}),
+        ([0, 1, 2, 3, 4, 5], 1, 1, 2, {0, 1, 3, 4, 5}),  # in flight: the newest 3 stay
     ],
 )
-def test_kept_versions(published, warm, keep, sampling, kept):
-    assert kept_versions(published, warm=warm, keep=keep, sampling=sampling) == kept
+def test_kept_versions(published, warm, keep, max_staleness, kept):
+    assert kept_versions(published, warm=warm, keep=keep, max_staleness=max_staleness) == kept
