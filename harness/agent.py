@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import posixpath
 from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 import anyio
@@ -42,7 +41,7 @@ from plies.runtime import EpisodeContext, Lease, Pool
 from plies.trajectory import Status, Trajectory
 
 from .adapters import AgentAdapter, LaunchSpec
-from .protocol import play_task
+from .protocol import gateway_session, operation, play_task
 from .rewards import DEFAULT_REWARDS, RewardPolicy
 from .workspace import AgentEnv
 
@@ -164,15 +163,13 @@ class AgentHarness:
                 f"WorkspaceEnv or HarborEnv), got {type(env).__name__}"
             )
         gateway = self.server.gateway
-        async with _operation(lease, "reset"):
+        async with operation(lease, "reset"):
             observation = await env.reset(task)
         instruction = str(observation.messages[-1]["content"])
         info = {"agent": self.adapter.name, "agent_version": self.adapter.version}
-        key = await gateway.create_session(
-            task.id, group_id=group_id, info={**info, "wire": self.adapter.wire}
-        )
-        trajectory: Trajectory | None = None
-        try:
+        async with gateway_session(
+            gateway, task.id, group_id=group_id, info={**info, "wire": self.adapter.wire}
+        ) as key:
             status, error, reward = Status.COMPLETED, None, None
             outcome: CommandResult | None = None
             verified: float | None = None
@@ -190,13 +187,13 @@ class AgentHarness:
                     tail = (outcome.stderr or outcome.stdout)[-800:]
                     status, error = Status.FAILED, f"agent exited with {outcome.exit_code}: {tail}"
                 if status is not Status.FAILED:
-                    async with _operation(lease, "verify"):
+                    async with operation(lease, "verify"):
                         verified = await env.verify()
                     reward = self.rewards.score(verified, truncated=status is Status.TRUNCATED)
             except _EPISODE_ERRORS as exc:
                 status, error, reward = Status.FAILED, f"{type(exc).__name__}: {exc}", None
             output = outcome.stdout[-_OUTPUT_TAIL:] if outcome is not None else ""
-            trajectory = await gateway.finish_session(
+            return await gateway.finish_session(
                 key,
                 reward=reward,
                 status=status,
@@ -207,12 +204,6 @@ class AgentHarness:
                     "agent_output": output,
                 },
             )
-        finally:
-            if trajectory is None and gateway.has_session(key):
-                # Cancelled or broken before the finish: the session goes, unrecorded.
-                with anyio.CancelScope(shield=True):
-                    await gateway.drop_session(key)
-        return trajectory
 
     async def _run_agent(
         self,
@@ -263,7 +254,3 @@ async def _workdir(sandbox: Any) -> str:
         return str(known)
     result = await sandbox.run(["pwd"], timeout_s=30)
     return result.stdout.strip()
-
-
-def _operation(lease: Lease[Any] | None, name: str) -> AbstractAsyncContextManager[Any]:
-    return lease.operation(name) if lease is not None else nullcontext()

@@ -29,7 +29,6 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 import anyio
@@ -42,7 +41,7 @@ from plies.gateway import GatewayServer
 from plies.runtime import EpisodeContext, Lease, Pool
 from plies.trajectory import Status, Trajectory
 
-from .protocol import play_task
+from .protocol import gateway_session, operation, play_task
 from .rewards import DEFAULT_REWARDS, RewardPolicy
 
 __all__ = ["DEFAULT_KILL_TIMEOUT", "DEFAULT_WALL_S", "GatewayHarness"]
@@ -122,13 +121,13 @@ class GatewayHarness:
         `env` was borrowed under: the env's remote calls run in its operations.
         """
         gateway = self.server.gateway
-        async with _operation(lease, "reset"):
+        async with operation(lease, "reset"):
             observation = await env.reset(task)
-        key = await gateway.create_session(task.id, group_id=group_id, info={"seed": task.seed})
         episode = _Episode(env, lease)
         status, error = Status.COMPLETED, None
-        trajectory: Trajectory | None = None
-        try:
+        async with gateway_session(
+            gateway, task.id, group_id=group_id, info={"seed": task.seed}
+        ) as key:
             try:
                 with anyio.move_on_after(self.wall_s) as budget:
                     code, stderr = await self._play(key, task, observation, episode)
@@ -143,7 +142,7 @@ class GatewayHarness:
                 if status is Status.FAILED
                 else self.rewards.score(episode.reward, truncated=status is Status.TRUNCATED)
             )
-            trajectory = await gateway.finish_session(
+            return await gateway.finish_session(
                 key,
                 reward=reward,
                 status=status,
@@ -154,12 +153,6 @@ class GatewayHarness:
                     "tool_reward": episode.reward,
                 },
             )
-        finally:
-            if trajectory is None and gateway.has_session(key):
-                # Cancelled or broken before the finish: the session goes, unrecorded.
-                with anyio.CancelScope(shield=True):
-                    await gateway.drop_session(key)
-        return trajectory
 
     async def _play(
         self, key: str, task: Task, observation: Any, episode: _Episode
@@ -250,7 +243,7 @@ class _Episode:
                 answer = {"type": "result", "content": "the episode is over", "done": True}
             else:
                 name = request["name"]
-                async with _operation(self.lease, f"tool:{name}"):
+                async with operation(self.lease, f"tool:{name}"):
                     result = await self.env.call_tool(name, request.get("arguments"))
                 self.calls += 1
                 self.reward = (self.reward or 0.0) + result.reward
@@ -261,10 +254,6 @@ class _Episode:
                     "error": result.error,
                 }
             await _send(process, answer)
-
-
-def _operation(lease: Lease[Any] | None, name: str) -> AbstractAsyncContextManager[Any]:
-    return lease.operation(name) if lease is not None else nullcontext()
 
 
 async def _send(process: Process, message: dict[str, Any]) -> None:

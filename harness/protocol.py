@@ -8,14 +8,19 @@ through a gateway session. `play_groups` and a driver's episode function take an
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any, Protocol, runtime_checkable
+
+import anyio
 
 from plies import ConfigError
 from plies.environments import Task
-from plies.runtime import EpisodeContext, Pool
+from plies.gateway import Gateway
+from plies.runtime import EpisodeContext, Lease, Pool
 from plies.trajectory import Trajectory
 
-__all__ = ["Harness", "play_task"]
+__all__ = ["Harness", "gateway_session", "operation", "play_task"]
 
 
 @runtime_checkable
@@ -54,3 +59,28 @@ async def play_task(harness: Any, ctx: EpisodeContext, pool: Pool[Any] | str) ->
         )
     async with ctx.borrow(pool) as lease:
         return await harness.run(lease.resource, ctx.task, group_id=ctx.group_id, lease=lease)
+
+
+def operation(lease: Lease[Any] | None, name: str) -> AbstractAsyncContextManager[Any]:
+    """`lease.operation(name)`, or nothing for an env that was not borrowed (`run` called
+    directly), so a harness's remote calls read the same either way."""
+    return lease.operation(name) if lease is not None else nullcontext()
+
+
+@asynccontextmanager
+async def gateway_session(
+    gateway: Gateway, task_id: str, *, group_id: str, info: dict[str, Any]
+) -> AsyncIterator[str]:
+    """A gateway session for one episode, its key yielded; the body ends it with
+    `finish_session`.
+
+    A body cancelled or broken before the finish leaves no half-recorded trajectory: the
+    session is dropped, unrecorded, shielded so that a cancelled caller still drops it.
+    """
+    key = await gateway.create_session(task_id, group_id=group_id, info=info)
+    try:
+        yield key
+    finally:
+        if gateway.has_session(key):
+            with anyio.CancelScope(shield=True):
+                await gateway.drop_session(key)

@@ -3,16 +3,19 @@
 Clients, pools, scopes, sinks, gateways and envs all follow the same three states, so they
 share one enum and one base instead of each spelling its own. The base only keeps the state
 and words the misuse errors; what opening and closing *do* stays with each class.
+`AsyncCloseable` is the base of those closed by one `aclose()`, so that leaving `async with`
+and closing by hand are the same call.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from enum import StrEnum
 from typing import ClassVar
 
 from ._exceptions import UsageError
 
-__all__ = ["AsyncLifecycle", "Lifecycle", "OpenState"]
+__all__ = ["AsyncCloseable", "AsyncLifecycle", "Lifecycle", "OpenState"]
 
 
 class OpenState(StrEnum):
@@ -71,3 +74,15 @@ class AsyncLifecycle(Lifecycle):
 
     def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ raises
         return None
+
+
+class AsyncCloseable(AsyncLifecycle, ABC):
+    """An `AsyncLifecycle` that `aclose()` closes: leaving `async with`, however the block
+    ended, is that same call (as with anyio's `AsyncResource`)."""
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Close for good and release what the object holds. Idempotent."""

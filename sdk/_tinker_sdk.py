@@ -12,7 +12,8 @@ Its other calls hand back `concurrent.futures.Future`s. `outcome` awaits one wit
 awaits one that must survive a wait that gives up, for the trainer, which takes it up again
 (`asyncio.wrap_future` is what carries a thread's future onto the running loop, so the
 clients themselves are anyio only). `create_full_weights_client` creates a model that trains
-every weight, with the SDK's own parts.
+every weight, with the SDK's own parts. `service_url` and `close_service` are where both
+clients' sessions begin and end.
 """
 
 from __future__ import annotations
@@ -28,10 +29,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import httpx
 
+from ._exceptions import ConfigError
+
 if TYPE_CHECKING:
     import tinker
 
-__all__ = ["SdkFuture", "blocking", "create_full_weights_client", "outcome", "unreachable"]
+__all__ = [
+    "SdkFuture",
+    "blocking",
+    "close_service",
+    "create_full_weights_client",
+    "outcome",
+    "service_url",
+    "unreachable",
+]
 
 T = TypeVar("T")
 
@@ -61,6 +72,33 @@ async def blocking(fn: Callable[..., T], *args: Any, timeout: float, what: str) 
     threading.Thread(target=run, name=f"plies-tinker-{what}", daemon=True).start()
     with anyio.fail_after(timeout):
         return await future
+
+
+def service_url(base_url: str | None, client: str) -> str:
+    """The service `client` (a class name, for the errors) talks to: `base_url` as the SDK
+    resolves it (`TINKER_BASE_URL`, then hosted Tinker when None).
+
+    Raises:
+        ConfigError: the tinker SDK is not installed, or the URL is not http(s).
+    """
+    try:
+        from tinker.lib.base_url import resolve_base_url
+    except ImportError as exc:
+        raise ConfigError(f"{client} needs the tinker SDK: pip install 'plies[tinker]'") from exc
+    url = resolve_base_url(base_url)
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"base URL {url!r} must start with http:// or https://")
+    return url
+
+
+async def close_service(service: Any) -> None:
+    """End a `tinker.ServiceClient`'s session, waiting up to 30 s; what is saved stays.
+
+    Best effort: a service that is gone or does not answer has nothing left to release on our
+    side, so a failure here never hides the error (or the close) that led to it.
+    """
+    with contextlib.suppress(Exception):
+        await blocking(lambda: service.close("success").result(), timeout=30.0, what="close")
 
 
 async def unreachable(base_url: str, timeout: float) -> str | None:

@@ -4,6 +4,10 @@ The signal, chaos and Ray tests each drive such a script and read its events whi
 (to know when to press Ctrl-C, or what it had done before a fault), so the reading lives here
 once: a reader thread for stdout and one for stderr, so that neither pipe fills up and stalls
 the child. Each test subclasses `EventScript` for its script's arguments and events.
+
+The writing lives here too, for the scripts (they put this folder on `sys.path`): `emit` one
+event, `lease_counts` for their `stats` event, `report_groups`, the body of every signal
+script's open driver, and `drive`, a `RolloutDriver` run from its resources to its `stats`.
 """
 
 from __future__ import annotations
@@ -12,10 +16,72 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import anyio
+
+from plies.runtime import JsonlSink, RolloutDriver, RolloutResources
+
 Event = dict[str, Any]
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Print one event for the test reading this script: a JSON line, flushed at once."""
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def lease_counts(statistics: Any) -> dict[str, int]:
+    """The lease accounting of a pool's, resources' or driver's lease statistics, as the
+    tests check it (`borrowed == released + quarantined` once nothing is `live`)."""
+    return {
+        "borrowed": statistics.borrowed,
+        "released": statistics.released,
+        "quarantined": statistics.quarantined,
+        "live": statistics.live,
+    }
+
+
+async def report_groups(
+    driver: Any, interrupts: Any, admit: Callable[[Any], Awaitable[None]], **ready: Any
+) -> None:
+    """Run an open driver as the signal tests expect: Ctrl-C wired to it, a `ready` event
+    (with `ready`'s fields), `admit(driver)` alongside, and a `group` event for each group
+    once the sink wrote it, until the driver has no more."""
+    interrupts.attach(driver)
+    emit("ready", **ready)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(admit, driver)
+        async for group in driver.groups():
+            emit("group", id=group.id, task_id=group.task_id)
+
+
+async def drive(
+    resources: RolloutResources,
+    play: Callable[[Any], Awaitable[Any]],
+    interrupts: Any,
+    admit: Callable[[Any], Awaitable[None]],
+    *,
+    sink_path: Path,
+    policy: Any,
+    ready: dict[str, Any] | None = None,
+    more_stats: Callable[[], dict[str, Any]] | None = None,
+    **options: Any,
+) -> None:
+    """Open `resources`, a `JsonlSink` at `sink_path` and a `RolloutDriver` (`options` are
+    its own) playing `play`, and `report_groups` on it; whatever ends the run, a `stats`
+    event with the resources' `lease_counts` and `more_stats()`."""
+    try:
+        async with resources:
+            with JsonlSink(sink_path) as sink:
+                async with RolloutDriver(
+                    resources, play, policy=policy, sink=sink, **options
+                ) as driver:
+                    await report_groups(driver, interrupts, admit, **(ready or {}))
+    finally:
+        extra = more_stats() if more_stats is not None else {}
+        emit("stats", **extra, **lease_counts(resources.statistics()))
 
 
 class EventScript:

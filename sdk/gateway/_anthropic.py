@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 
 from .._exceptions import GatewayRequestError
 from ._chat import Dialect, text_pieces
-from ._errors import classify, validated, validation_error
+from ._errors import classify, forced_tool_choice, validated, validation_error
 from ._schemas import ChatCompletionRequest, FunctionSpec, RequestMessage, ToolSpec
 from ._session import MAX_HANDLE_CHARS, PreparedTurn, Session
 from ._stream import TextKind
@@ -215,11 +215,7 @@ def _tool_choice(choice: dict[str, Any] | None) -> Literal["auto", "none"] | Non
     kind = choice.get("type")
     if kind in ("auto", "none"):
         return kind
-    raise _fail(
-        f"tool_choice {kind!r} is not supported: the gateway samples the policy as it is and "
-        "cannot force a tool call; use 'auto' or 'none'",
-        "tool_choice.type",
-    )
+    raise forced_tool_choice(kind, "tool_choice.type")
 
 
 class AnthropicDialect(Dialect):

@@ -25,7 +25,14 @@ from .._exceptions import (
 )
 from ._schemas import ErrorType
 
-__all__ = ["Failure", "HTTPError", "classify", "validated", "validation_error"]
+__all__ = [
+    "Failure",
+    "HTTPError",
+    "classify",
+    "forced_tool_choice",
+    "validated",
+    "validation_error",
+]
 
 log = logging.getLogger("plies.gateway")
 
@@ -83,6 +90,16 @@ def validation_error(exc: ValidationError) -> GatewayRequestError:
     param = ".".join(str(p) for p in first["loc"]) or None
     where = f" at {param}" if param else ""
     return GatewayRequestError(f"invalid request{where}: {first['msg']}", param=param)
+
+
+def forced_tool_choice(choice: object, param: str) -> GatewayRequestError:
+    """A 400 for a `tool_choice` other than 'auto' or 'none', worded alike on every wire: the
+    gateway samples the policy as it is, so it cannot make the policy call a tool."""
+    return GatewayRequestError(
+        f"tool_choice {choice!r} is not supported: the gateway samples the policy as it is and "
+        "cannot force a tool call; use 'auto' or 'none'",
+        param=param,
+    )
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -19,11 +19,12 @@ from typing import Any
 
 import anyio
 
-from .._exceptions import GatewayRequestError, GatewaySessionError
-from .._lifecycle import AsyncLifecycle
+from .._exceptions import GatewaySessionError
+from .._lifecycle import AsyncCloseable
 from ..policy import SamplingParams, StreamingPolicyClient
 from ..trajectory import Status, Trajectory, Turn
 from ._canonical import CanonicalMessage, canonicalise, template_messages
+from ._errors import forced_tool_choice
 from ._schemas import ChatCompletionRequest, RequestMessage
 from ._session import Branch, GatewayFallback, PreparedTurn, Session, SessionState
 from ._stops import StopStrings, check_stops
@@ -43,7 +44,7 @@ REASONING_CLOSE = "</think>"
 _UNKNOWN_KEY = "session key not recognised: it is unknown, or its session was finished or dropped"
 
 
-class Gateway(AsyncLifecycle):
+class Gateway(AsyncCloseable):
     """Capture sessions for black-box agents: render, sample, parse, record.
 
     Args:
@@ -110,9 +111,6 @@ class Gateway(AsyncLifecycle):
     async def __aenter__(self) -> Gateway:
         self._open()
         return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Drop every open session, reporting them; safe to call twice."""
@@ -488,10 +486,8 @@ class Gateway(AsyncLifecycle):
         """Sampling parameters for `request`, and its stop strings compiled off the loop."""
         choice = request.tool_choice
         if choice is not None and choice not in ("auto", "none"):
-            raise GatewayRequestError(
-                "tool_choice must be 'auto' or 'none': the gateway samples the policy as it "
-                "is and cannot force a tool call",
-                param="tool_choice",
+            raise forced_tool_choice(
+                choice if isinstance(choice, str) else choice.type, "tool_choice"
             )
         cap = self.sampling.max_tokens
         asked = request.max_completion_tokens or request.max_tokens or cap

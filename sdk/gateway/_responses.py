@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .._exceptions import GatewayRequestError
 from ._chat import Dialect, text_pieces
-from ._errors import classify, validated, validation_error
+from ._errors import classify, forced_tool_choice, validated, validation_error
 from ._schemas import ChatCompletionRequest, FunctionSpec, RequestMessage, ToolSpec
 from ._session import MAX_HANDLE_CHARS, PreparedTurn, Session
 from ._stream import TextKind
@@ -246,11 +246,7 @@ def _tool_choice(choice: str | dict[str, Any] | None) -> Literal["auto", "none"]
     if choice is None or choice in ("auto", "none"):
         return choice  # type: ignore[return-value]
     named = choice if isinstance(choice, str) else choice.get("type")
-    raise _fail(
-        f"tool_choice {named!r} is not supported: the gateway samples the policy as it is and "
-        "cannot force a tool call; use 'auto' or 'none'",
-        "tool_choice",
-    )
+    raise forced_tool_choice(named, "tool_choice")
 
 
 class ResponsesDialect(Dialect):

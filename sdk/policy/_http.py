@@ -50,7 +50,7 @@ from .._exceptions import (
     PolicyResponseError,
     PolicyUnavailable,
 )
-from .._lifecycle import AsyncLifecycle
+from .._lifecycle import AsyncCloseable
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
 from ._transport import (
     DEFAULT_TRANSPORT,
@@ -129,7 +129,7 @@ class HTTPOptions(TypedDict, total=False):
     transport: TransportName
 
 
-class HTTPPolicyClient(AsyncLifecycle, PolicyClientBase):
+class HTTPPolicyClient(AsyncCloseable, PolicyClientBase):
     """Base of the HTTP backends. Use as `async with Client(...) as client:`; opens once.
 
     Args:
@@ -170,9 +170,6 @@ class HTTPPolicyClient(AsyncLifecycle, PolicyClientBase):
     async def __aenter__(self) -> Self:
         self._open()
         return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close connections. Safe to call more than once."""

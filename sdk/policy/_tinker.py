@@ -23,7 +23,6 @@ it, so `stop_token_ids` are sent together with the model's `eos_token_ids`.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
@@ -36,8 +35,8 @@ from .._exceptions import (
     PolicyResponseError,
     PolicyUnavailable,
 )
-from .._lifecycle import AsyncLifecycle
-from .._tinker_sdk import blocking, outcome, unreachable
+from .._lifecycle import AsyncCloseable
+from .._tinker_sdk import blocking, close_service, outcome, service_url, unreachable
 from ..trajectory import PolicyRef
 from ._config import DEFAULT_TIMEOUT, Timeout
 from ._types import Completion, PolicyChoice, PolicyClientBase, SamplingParams
@@ -51,7 +50,7 @@ BASE_SCHEME = "tinker-base:"
 """URI prefix of a base model's `PolicyRef` (version 0): not a path the service stores."""
 
 
-class TinkerPolicyClient(AsyncLifecycle, PolicyClientBase):
+class TinkerPolicyClient(AsyncCloseable, PolicyClientBase):
     """A `PolicyClient` and `PolicyLoader` on a Tinker-API service. Use as `async with`.
 
     Args:
@@ -77,15 +76,7 @@ class TinkerPolicyClient(AsyncLifecycle, PolicyClientBase):
         eos_token_ids: Sequence[int] = (),
         timeout: Timeout = DEFAULT_TIMEOUT,
     ):
-        try:
-            from tinker.lib.base_url import resolve_base_url
-        except ImportError as exc:
-            raise ConfigError(
-                "TinkerPolicyClient needs the tinker SDK: pip install 'plies[tinker]'"
-            ) from exc
-        self.base_url = resolve_base_url(base_url)
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"base URL {self.base_url!r} must start with http:// or https://")
+        self.base_url = service_url(base_url, "TinkerPolicyClient")
         if not base_model:
             raise ConfigError("TinkerPolicyClient needs the base model's name")
         self.base_model = base_model
@@ -123,18 +114,13 @@ class TinkerPolicyClient(AsyncLifecycle, PolicyClientBase):
             ) from exc
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Finish the session (samplers of saved weights stay on the service). Idempotent."""
         self._close()
         service, self._service = self._service, None
         self._samplers.clear()
         if service is not None:
-            finish = service.close("success")
-            with contextlib.suppress(Exception):  # gone: nothing left to release on our side
-                await blocking(finish.result, timeout=30.0, what="close")
+            await close_service(service)
 
     def _connect(self) -> tinker.ServiceClient:
         """Blocking: the session, opened now rather than on the first sample."""

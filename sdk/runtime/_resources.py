@@ -24,7 +24,7 @@ from anyio import CancelScope
 from anyio.abc import TaskGroup
 
 from .._exceptions import ConfigError
-from .._lifecycle import AsyncLifecycle
+from .._lifecycle import AsyncCloseable
 from ._pool import Pool, PoolStatistics
 from ._report import QuarantineRecord, QuarantineReport, write_report
 from ._writer import DurableWriter
@@ -53,7 +53,7 @@ class ResourcesStatistics:
         return self.borrowed == self.live + self.released + self.quarantined
 
 
-class RolloutResources(AsyncLifecycle):
+class RolloutResources(AsyncCloseable):
     """Holds the policy client and the pools episodes borrow from.
 
     The policy client is held, not owned: open and close it yourself (its lifetime usually
@@ -141,9 +141,6 @@ class RolloutResources(AsyncLifecycle):
                 await self._stop_writer()
             raise
         return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close every pool (background teardowns get `exit_grace`), then write the report.

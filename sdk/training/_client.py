@@ -31,7 +31,7 @@ from .._exceptions import (
     TrainingQuarantined,
     UsageError,
 )
-from .._lifecycle import AsyncLifecycle
+from .._lifecycle import AsyncCloseable
 from .._net import CLIENT_KEEPALIVE_S
 from ..trajectory import PolicyRef
 from ..wire.training import (
@@ -73,7 +73,7 @@ def _error_body(resp: httpx.Response) -> dict[str, Any]:
     return err if isinstance(err, dict) else {"message": str(err)}
 
 
-class TrainingClient(AsyncLifecycle, LedgeredTrainer):
+class TrainingClient(AsyncCloseable, LedgeredTrainer):
     """Async client of a plies trainer (`plies serve`). Use as `async with`; opens once.
 
     Args:
@@ -123,25 +123,12 @@ class TrainingClient(AsyncLifecycle, LedgeredTrainer):
         )
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Close connections. Safe to call more than once."""
         self._close()
         if self._http is not None:
             http, self._http = self._http, None
             await http.aclose()
-
-    @property
-    def pending_ops(self) -> list[str]:
-        """forward_backward ops whose gradients the next `optim_step` will apply."""
-        return [p.op_id for p in self._ops.pending]
-
-    @property
-    def quarantined(self) -> str | None:
-        """Why the session refuses further steps, or None."""
-        return self._ops.why_quarantined
 
     # -- operations -----------------------------------------------------------------------
 

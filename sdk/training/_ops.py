@@ -198,6 +198,16 @@ class LedgeredTrainer(ABC):
 
     _ops: OpLedger[Any]
 
+    @property
+    def pending_ops(self) -> list[str]:
+        """forward_backward ops whose gradients the next `optim_step` will apply."""
+        return [p.op_id for p in self._ops.pending]
+
+    @property
+    def quarantined(self) -> str | None:
+        """Why the client refuses further steps, or None."""
+        return self._ops.why_quarantined
+
     async def forward_backward(
         self,
         batch: TrainingBatch,

@@ -35,7 +35,6 @@ it (applied by the old model, never published) are simply not part of the new ru
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -49,8 +48,15 @@ from .._exceptions import (
     TrainingQuarantined,
     UsageError,
 )
-from .._lifecycle import AsyncLifecycle
-from .._tinker_sdk import SdkFuture, blocking, create_full_weights_client, unreachable
+from .._lifecycle import AsyncCloseable
+from .._tinker_sdk import (
+    SdkFuture,
+    blocking,
+    close_service,
+    create_full_weights_client,
+    service_url,
+    unreachable,
+)
 from ..trajectory import PolicyRef
 from ..wire.training import (
     AdamParams,
@@ -114,7 +120,7 @@ class _InFlight:
     finish: Callable[[Any], Any]
 
 
-class TinkerTrainingClient(AsyncLifecycle, LedgeredTrainer):
+class TinkerTrainingClient(AsyncCloseable, LedgeredTrainer):
     """A `Trainer` on a Tinker-API service. Use as `async with`; opens once.
 
     Args:
@@ -155,15 +161,7 @@ class TinkerTrainingClient(AsyncLifecycle, LedgeredTrainer):
         result_timeout: float = 600.0,
         connect_timeout: float = 60.0,
     ):
-        try:
-            from tinker.lib.base_url import resolve_base_url
-        except ImportError as exc:
-            raise ConfigError(
-                "TinkerTrainingClient needs the tinker SDK: pip install 'plies[tinker]'"
-            ) from exc
-        self.base_url = resolve_base_url(base_url)
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"base URL {self.base_url!r} must start with http:// or https://")
+        self.base_url = service_url(base_url, "TinkerTrainingClient")
         if lora_rank is not None and lora_rank < 1:
             raise ConfigError(f"lora_rank must be at least 1 (None: all weights), not {lora_rank}")
         if keep_checkpoints is not None and keep_checkpoints < 1:
@@ -219,18 +217,12 @@ class TinkerTrainingClient(AsyncLifecycle, LedgeredTrainer):
             ) from exc
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Finish the session (the service frees the model; saved policies stay). Idempotent."""
         self._close()
         service, self._service, self._training = self._service, None, None
         if service is not None:
-            with contextlib.suppress(Exception):  # gone: nothing to release on our side
-                await blocking(
-                    lambda: service.close("success").result(), timeout=30.0, what="close"
-                )
+            await close_service(service)
 
     def _connect(self) -> tuple[tinker.ServiceClient, tinker.TrainingClient, int]:
         """Blocking: open the session and create (or restore) the model."""
@@ -286,16 +278,6 @@ class TinkerTrainingClient(AsyncLifecycle, LedgeredTrainer):
     def step(self) -> int:
         """Optimizer steps applied in this run, those before `resume_from` included."""
         return self._step
-
-    @property
-    def pending_ops(self) -> list[str]:
-        """forward_backward ops whose gradients the next `optim_step` will apply."""
-        return [p.op_id for p in self._ops.pending]
-
-    @property
-    def quarantined(self) -> str | None:
-        """Why the client refuses further steps, or None."""
-        return self._ops.why_quarantined
 
     async def state(self) -> TrainerState:
         """Where the run stands: its steps (those before `resume_from` included), the ops

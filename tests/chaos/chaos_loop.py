@@ -40,7 +40,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parents[1]))  # event_script
+
 import anyio
+from event_script import emit, lease_counts
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from plies import (
@@ -97,10 +100,6 @@ PUBLISH_WITHIN_S = 90.0
 """How long a publish keeps trying while the server restarts (a kill -9 fault)."""
 # Prompt ids: a card fact is an offset into an id range; all well inside the vocabulary.
 PLAYER, DEALER, ACE, TURN_MARK = 1000, 1100, 1200, 1300
-
-
-def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
 
 
 def facts(info: dict[str, Any]) -> list[int]:
@@ -316,10 +315,7 @@ class Loop:
                     groups_complete=poll.groups_complete,
                     admitted=poll.admitted,
                     settled={k.value: v for k, v in poll.settled.items()},
-                    borrowed=poll.leases.borrowed,
-                    released=poll.leases.released,
-                    quarantined=poll.leases.quarantined,
-                    live=poll.leases.live,
+                    **lease_counts(poll.leases),
                 )
             emit("stats", **stats)
 

@@ -10,29 +10,26 @@ group, stats.
 
 from __future__ import annotations
 
-import json
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # event_script
 
 import anyio
+from event_script import drive, emit
 from scripted_policy import POLICY, ScriptedPolicy
 from transformers import AutoTokenizer
 
 from plies.environments import HarborEnv, HarborTask, McpEnv, McpHost, McpServer, Task
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import SamplingParams
-from plies.runtime import EnvPool, GroupSpec, JsonlSink, RolloutDriver, RolloutResources, run
+from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources, run
 from plies.testing import qwen3_tokenizer_dir
 from plies.tokens import ChatRenderer
 
 TASKS = Path(__file__).parents[2] / "examples" / "harbor"
-
-
-def emit(event: str, **fields) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
 
 
 async def main(interrupts, kind: str, run_dir: Path, npm_bin: Path | None) -> None:
@@ -71,26 +68,23 @@ async def main(interrupts, kind: str, run_dir: Path, npm_bin: Path | None) -> No
 
             task = Task(id="harbor")
         pool = EnvPool(make, settle_timeout=0.5, teardown_timeout=5, teardown_retries=2)
+
+        async def admit_two(driver: RolloutDriver) -> None:
+            for i in range(2):
+                await driver.admit(GroupSpec(f"{kind}-{i}", size=2, task=task))
+            driver.close_admission()
+
         resources = RolloutResources(
             policy=harness.policy, pools=[pool], report_path=run_dir / "quarantine.json"
         )
-        try:
-            async with resources:
-                with JsonlSink(run_dir / "groups.jsonl") as sink:
-                    async with RolloutDriver(
-                        resources, harness.play, policy=POLICY, sink=sink
-                    ) as driver:
-                        interrupts.attach(driver)
-                        for i in range(2):
-                            await driver.admit(GroupSpec(f"{kind}-{i}", size=2, task=task))
-                        driver.close_admission()
-                        emit("ready")
-                        async for group in driver.groups():
-                            emit("group", id=group.id)
-        finally:
-            s = resources.statistics()
-            counts = {"borrowed": s.borrowed, "released": s.released, "live": s.live}
-            emit("stats", quarantined=s.quarantined, **counts)
+        await drive(
+            resources,
+            harness.play,
+            interrupts,
+            admit_two,
+            sink_path=run_dir / "groups.jsonl",
+            policy=POLICY,
+        )
 
 
 if __name__ == "__main__":

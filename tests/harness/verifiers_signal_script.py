@@ -10,27 +10,25 @@ verifiers' cleanup handler writes each rollout's id to RUN_DIR/cleanups.log.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parents[1]))  # event_script
+
+from event_script import drive, emit
 from transformers import AutoTokenizer
 
 from plies.gateway import Gateway, GatewayServer
 from plies.harness import VerifiersHarness
 from plies.policy import SamplingParams
-from plies.runtime import JsonlSink, RolloutDriver, RolloutResources, run
+from plies.runtime import RolloutDriver, RolloutResources, run
 from plies.testing import ScriptedPolicy, qwen3_tokenizer_dir
 from plies.testing._scripted import SCRIPTED_POLICY
 from plies.tokens import ChatRenderer
 
 ADDER = Path(__file__).parent / "verifiers_envs" / "adder.py"
-
-
-def emit(event: str, **fields) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
 
 
 def ask_add(prompt: str) -> dict:
@@ -52,26 +50,25 @@ async def main(interrupts, run_dir: Path) -> None:
         ) as harness,
     ):
         rows = await harness.dataset()
+
+        async def admit_two(driver: RolloutDriver) -> None:
+            for spec in harness.groups(rows[:2], size=2):
+                await driver.admit(spec)
+            driver.close_admission()
+
         resources = RolloutResources(
             policy=harness.policy, pools=[harness.pool()], report_path=run_dir / "quarantine.json"
         )
-        try:
-            async with resources:
-                with JsonlSink(run_dir / "groups.jsonl") as sink:
-                    async with RolloutDriver(
-                        resources, harness.play, policy=SCRIPTED_POLICY, sink=sink
-                    ) as driver:
-                        interrupts.attach(driver)
-                        for spec in harness.groups(rows[:2], size=2):
-                            await driver.admit(spec)
-                        driver.close_admission()
-                        emit("ready", sidecar=harness._process.pid)
-                        async for group in driver.groups():
-                            emit("group", id=group.id)
-        finally:
-            s = resources.statistics()
-            counts = {"borrowed": s.borrowed, "released": s.released, "live": s.live}
-            emit("stats", quarantined=s.quarantined, sessions=gateway.open_sessions, **counts)
+        await drive(
+            resources,
+            harness.play,
+            interrupts,
+            admit_two,
+            sink_path=run_dir / "groups.jsonl",
+            policy=SCRIPTED_POLICY,
+            ready={"sidecar": harness._process.pid},
+            more_stats=lambda: {"sessions": gateway.open_sessions},
+        )
 
 
 if __name__ == "__main__":

@@ -12,23 +12,20 @@ took), group (after the sink wrote it), and stats at the very end.
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 from functools import partial
 from pathlib import Path
 
-import anyio
+sys.path.insert(0, str(Path(__file__).parents[1]))  # event_script
+
+from event_script import emit, lease_counts, report_groups
 from shard_parts import make_shard, placed_episode, task
 
 from plies import AdmissionClosed, PolicyRef
 from plies.runtime import GroupSpec, JsonlSink, ShardedDriver, run
 
 REF = PolicyRef(uri="plies://ray-signals/policies/0", version=0)
-
-
-def emit(event: str, **fields) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
 
 
 async def main(
@@ -60,12 +57,7 @@ async def main(
         with JsonlSink(run_dir / "groups.jsonl") as sink:
             driver.sink = sink
             async with driver:
-                interrupts.attach(driver)
-                emit("ready")
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(admit_all, driver)
-                    async for group in driver.groups():
-                        emit("group", id=group.id)
+                await report_groups(driver, interrupts, admit_all)
     finally:
         s = driver.statistics()
         emit(
@@ -73,11 +65,8 @@ async def main(
             admitted_groups=s.admitted_groups,
             running=s.running,
             settled={k.value: v for k, v in s.settled.items()},
-            borrowed=s.leases.borrowed,
-            released=s.leases.released,
-            quarantined=s.leases.quarantined,
-            live=s.leases.live,
             shards_alive=sum(x.alive for x in driver.shard_statistics()),
+            **lease_counts(s.leases),
         )
 
 

@@ -10,22 +10,21 @@ their process. Events go to stdout as JSON lines: spawn / torn_down (pid), ready
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # event_script
 
-import anyio
 import httpx
+from event_script import drive, emit
 from runtime_helpers import OpProcess, spawn_op_server
 
 from plies import AdmissionClosed, PolicyRef, Turn
 from plies.runtime import (
     EnvPool,
     GroupSpec,
-    JsonlSink,
     RolloutDriver,
     RolloutResources,
     read_groups,
@@ -33,10 +32,6 @@ from plies.runtime import (
 )
 
 REF = PolicyRef(uri="plies://signals/policies/0", version=0)
-
-
-def emit(event: str, **fields) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
 
 
 async def main(interrupts, run_dir: Path, policy_url: str, seed: int, max_tasks: int) -> None:
@@ -97,26 +92,16 @@ async def main(interrupts, run_dir: Path, policy_url: str, seed: int, max_tasks:
                 return
         driver.close_admission()
 
-    try:
-        async with httpx.AsyncClient(timeout=30) as http, resources:
-            with JsonlSink(sink_path) as sink:
-                async with RolloutDriver(
-                    resources, episode, policy=REF, max_groups_in_flight=4, sink=sink
-                ) as driver:
-                    interrupts.attach(driver)
-                    emit("ready", resumed=len(done))
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(admit_all, driver)
-                        async for group in driver.groups():
-                            emit("group", id=group.id, task_id=group.task_id)
-    finally:
-        s = resources.statistics()
-        emit(
-            "stats",
-            borrowed=s.borrowed,
-            released=s.released,
-            quarantined=s.quarantined,
-            live=s.live,
+    async with httpx.AsyncClient(timeout=30) as http:
+        await drive(
+            resources,
+            episode,
+            interrupts,
+            admit_all,
+            sink_path=sink_path,
+            policy=REF,
+            ready={"resumed": len(done)},
+            max_groups_in_flight=4,
         )
 
 

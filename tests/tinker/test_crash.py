@@ -10,8 +10,9 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -128,41 +129,38 @@ def test_kill_9_mid_forward_backward_and_mid_optim_step_applies_every_step_once(
         sampler = tc.save_weights_and_get_sampling_client().result()
         path = tc.save_weights_for_sampler("after-1").result().path
         named = client.create_sampling_client(model_path=path).result()
+
+        def killed(point: str, stage: str, submit: Callable[[], Any]) -> Any:
+            """`submit()`'s future, the server killed -9 at `point` once that request reached
+            `stage`, then restarted."""
+            seq = server.next_seq(tc.model_id)
+            server.hold(point)
+            future = submit()
+            server.wait_for(tc.model_id, stage, seq)
+            server.kill()
+            server.start()
+            return future
+
+        def forward_backward() -> Any:
+            return tc.forward_backward(DATA, "cross_entropy")
+
         # An optim_step answered before the kill is answered the same after it, from the log.
         answered = server.answered(tc.model_id, "optim_step")
         # 1. Killed mid-forward_backward: accepted and journaled, its gradients not added.
-        seq = server.next_seq(tc.model_id)
-        server.hold("before_apply")
-        fb = tc.forward_backward(DATA, "cross_entropy")
-        server.wait_for(tc.model_id, "submit", seq)
-        server.kill()
-        server.start()
+        fb = killed("before_apply", "submit", forward_backward)
         assert server.answered(tc.model_id, "optim_step") == answered
         losses.append(fb.result().metrics["loss:sum"])
         tc.optim_step(ADAM).result()
 
         # 2. Killed mid-optim_step, before it applied: the forward_backward before it (answered
         # already) runs again to rebuild the gradients, and the step is applied once.
-        fb = tc.forward_backward(DATA, "cross_entropy")
-        losses.append(fb.result().metrics["loss:sum"])
-        seq = server.next_seq(tc.model_id)
-        server.hold("before_apply")
-        opt = tc.optim_step(ADAM)
-        server.wait_for(tc.model_id, "submit", seq)
-        server.kill()
-        server.start()
-        opt.result()
+        losses.append(forward_backward().result().metrics["loss:sum"])
+        killed("before_apply", "submit", lambda: tc.optim_step(ADAM)).result()
 
         # 3. Killed mid-optim_step after it applied and was journaled, before its answer:
         # the retry gets the journaled result, and the step is not applied again.
-        fb = tc.forward_backward(DATA, "cross_entropy")
-        losses.append(fb.result().metrics["loss:sum"])
-        seq = server.next_seq(tc.model_id)
-        server.hold("before_answer")
-        opt = tc.optim_step(ADAM)
-        server.wait_for(tc.model_id, "done", seq)
-        server.kill()
-        server.start()
+        losses.append(forward_backward().result().metrics["loss:sum"])
+        opt = killed("before_answer", "done", lambda: tc.optim_step(ADAM))
         assert opt.result().metrics["learning_rate:mean"] == pytest.approx(1e-2)
 
         step()
