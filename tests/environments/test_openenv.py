@@ -117,19 +117,22 @@ async def test_without_the_limit_the_server_refuses_and_plies_says_so(blackjack_
 async def test_a_refusal_caused_by_another_client_is_retried(blackjack_server):
     """Someone outside plies fills the server; plies backs off and gets in once a slot frees."""
     url = blackjack_server["url"]
-    endpoint = OpenEnvEndpoint(url, max_sessions=2, capacity_retries=4, capacity_backoff_s=0.1)
+    endpoint = OpenEnvEndpoint(url, max_sessions=2, capacity_retries=6, capacity_backoff_s=0.1)
     async with GenericEnvClient(base_url=url) as other:
         await other.reset(seed=1)
         squatter = GenericEnvClient(base_url=url)
         await squatter.connect()
         await squatter.reset(seed=2)
 
-        async def leave_soon() -> None:
-            await anyio.sleep(0.25)
+        async def leave_once_refused() -> None:
+            # The slot frees only after plies was turned away, however slow the machine.
+            with anyio.fail_after(60):
+                while not endpoint.statistics().capacity_refusals:
+                    await anyio.sleep(0.02)
             await squatter.close()
 
         async with anyio.create_task_group() as tg, OpenEnvEnv(endpoint) as env:
-            tg.start_soon(leave_soon)
+            tg.start_soon(leave_once_refused)
             obs = await env.reset(Task(id="patient", seed=5))
             assert obs.info["seed"] == 5
     assert endpoint.statistics().capacity_refusals >= 1
