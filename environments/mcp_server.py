@@ -98,6 +98,9 @@ class EnvMcpServer(AsyncLifecycle):
         self._tg: TaskGroup | None = None
         self._server: _Uvicorn | None = None
         self._stopped = anyio.Event()
+        self._sessions_open = False
+        """Whether the MCP session manager runs: uvicorn may still hand a request over after
+        it stopped, while a cancelled episode closes the server."""
 
     @property
     def url(self) -> str:
@@ -146,7 +149,11 @@ class EnvMcpServer(AsyncLifecycle):
         async def serve() -> None:
             try:
                 async with manager.run():
-                    await server.serve(sockets=[sock])
+                    self._sessions_open = True
+                    try:
+                        await server.serve(sockets=[sock])
+                    finally:
+                        self._sessions_open = False
             finally:
                 sock.close()
                 self._stopped.set()
@@ -227,6 +234,17 @@ class EnvMcpServer(AsyncLifecycle):
             if not hmac.compare_digest(sent, expected):
                 await PlainTextResponse("unauthorized", status_code=401)(scope, receive, send)
                 return
-            await manager.handle_request(scope, receive, send)
+            closing = PlainTextResponse("the env's MCP server is closing", status_code=503)
+            if not self._sessions_open:
+                await closing(scope, receive, send)
+                return
+            try:
+                await manager.handle_request(scope, receive, send)
+            except RuntimeError:
+                # The manager stopped while this request waited on its body (the SDK says
+                # so with a RuntimeError): an answer, not a traceback in the run's log.
+                if self._sessions_open:
+                    raise
+                await closing(scope, receive, send)
 
         return app

@@ -6,9 +6,11 @@ The SDK's client is driven as each major line wants it (`.ci/mcp2-tier` runs thi
 
 from __future__ import annotations
 
+import logging
 from importlib.metadata import version
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from mcp import ClientSession
@@ -111,3 +113,31 @@ async def test_mcp_env_plays_a_served_env_over_http_through_the_harness(qwen3_to
     assert inner.done and server.results[0].done
     tool_text = [m["content"] for m in traj.messages if m["role"] == "tool"]
     assert tool_text[0] == server.results[0].content
+
+
+async def test_a_request_that_outlives_the_session_manager_is_answered_not_a_traceback(caplog):
+    """Closing the server stops the SDK's session manager while uvicorn may still hold a
+    request (an agent's call cut off by a cancelled episode): it gets a 503, and the run's log
+    no SDK traceback."""
+    async with BlackjackEnv() as env:
+        await env.reset(Task(id="hand", seed=2))
+        body = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'
+        async with EnvMcpServer(env) as server:
+            port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+            head = (
+                f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Accept: application/json, text/event-stream\r\n"
+                f"Authorization: {server.headers['Authorization']}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            )
+            await stream.send(head.encode() + body[:10])
+            await anyio.sleep(0.2)  # the request is in uvicorn's hands, waiting on its body
+        async with stream:
+            await stream.send(body[10:])
+            with anyio.fail_after(30):
+                answer = await stream.receive()
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+    assert "closing" in answer.decode(errors="replace")
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [m for m in logged if "ASGI" in m], logged
