@@ -234,17 +234,14 @@ class EnvMcpServer(AsyncLifecycle):
             if not hmac.compare_digest(sent, expected):
                 await PlainTextResponse("unauthorized", status_code=401)(scope, receive, send)
                 return
-            closing = PlainTextResponse("the env's MCP server is closing", status_code=503)
-            if not self._sessions_open:
-                await closing(scope, receive, send)
-                return
             try:
                 await manager.handle_request(scope, receive, send)
             except RuntimeError:
-                # The manager stopped while this request waited on its body (the SDK says
-                # so with a RuntimeError): an answer, not a traceback in the run's log.
+                # The manager stopped before or while this request was handed over (the SDK
+                # says so with a RuntimeError): an answer, not a traceback in the run's log.
                 if self._sessions_open:
                     raise
+                closing = PlainTextResponse("the env's MCP server is closing", status_code=503)
                 await closing(scope, receive, send)
 
         return app

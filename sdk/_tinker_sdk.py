@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("plies.tinker")
 
 
 async def blocking(fn: Callable[..., T], *args: Any, timeout: float, what: str) -> T:
@@ -97,8 +100,10 @@ async def close_service(service: Any) -> None:
     Best effort: a service that is gone or does not answer has nothing left to release on our
     side, so a failure here never hides the error (or the close) that led to it.
     """
-    with contextlib.suppress(Exception):
+    try:
         await blocking(lambda: service.close("success").result(), timeout=30.0, what="close")
+    except Exception as exc:
+        log.info("the Tinker session did not close cleanly: %s: %s", type(exc).__name__, exc)
 
 
 async def unreachable(base_url: str, timeout: float) -> str | None:

@@ -10,6 +10,7 @@ two independent means.
 from __future__ import annotations
 
 import math
+import statistics
 
 __all__ = ["Z95", "ci95", "mean_stderr", "paired_improvement"]
 
@@ -19,14 +20,12 @@ Z95 = 1.96
 
 def mean_stderr(values: list[float]) -> tuple[float, float]:
     """The mean and its standard error (NaN where it cannot be estimated)."""
-    n = len(values)
-    if n == 0:
-        return float("nan"), float("nan")
-    mean = sum(values) / n
-    if n == 1:
-        return mean, float("nan")
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
+    if not values:
+        return math.nan, math.nan
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return mean, math.nan
+    return mean, statistics.stdev(values, mean) / math.sqrt(len(values))
 
 
 def ci95(mean: float, stderr: float) -> list[float] | None:
