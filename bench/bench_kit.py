@@ -67,7 +67,7 @@ def bare_episode(
         async with ctx.borrow("env") as lease:
             for k in range(turns):
                 async with lease.operation("sample"):
-                    c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
+                    c = await ctx.sampler.sample(prompt, params, policy=ctx.policy)
                 ctx.add_turn(Turn.from_completion(PromptDelta(prompt if k == 0 else [5], k > 0), c))
                 if recorded is not None:
                     recorded.append(time.perf_counter())

@@ -395,7 +395,7 @@ async def measure(
         stall = [0.0, 0.0]
         fallbacks = later = 0
         try:
-            async with RolloutResources(policy=policy, pools=[pool], report_path=report) as res:
+            async with RolloutResources(sampler=policy, pools=[pool], report_path=report) as res:
                 t0 = time.perf_counter()
                 warmup = setup.warmup_for(concurrency)
                 t_a, t_b = t0 + warmup, t0 + warmup + setup.window

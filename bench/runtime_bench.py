@@ -6,7 +6,7 @@ A STAND-IN ENGINE (this bench only) answers every `/v1/completions` request afte
 seconds with a fixed 8-token completion. It runs in its own process, so its CPU is not the
 client's. The client side is the real runtime: `RolloutResources` + `RolloutDriver` keep C
 episodes in flight, each borrowing a lease from an `EnvPool` and taking `--turns` turns; each
-turn samples through `ctx.policy` inside `lease.operation("sample")` and is recorded with
+turn samples through `ctx.sampler` inside `lease.operation("sample")` and is recorded with
 `ctx.add_turn`. A slot whose episode settles starts the next one, so admission, borrowing,
 teardown and settling are measured along with the turns.
 
@@ -246,7 +246,7 @@ async def measure(
     pool = EnvPool(nothing, limit=concurrency)
     cpu: list[float] = []
     failed: list[str] = []
-    async with client, RolloutResources(policy=client, pools=[pool]) as res:
+    async with client, RolloutResources(sampler=client, pools=[pool]) as res:
         async with anyio.create_task_group() as tg:  # open the connections before the clock
             for _ in range(concurrency):
                 tg.start_soon(partial(client.sample, [1], params, policy=ref))

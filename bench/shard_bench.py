@@ -75,7 +75,7 @@ async def make_shard(options: dict[str, Any], limit: int, index: int) -> AsyncIt
         system_prompt=SYSTEM,
     )
     pool = EnvPool(partial(make_env, setup.turns, setup.distinct), limit=limit)
-    yield ShardSetup(harness.play, pools=[pool], policy=policy)
+    yield ShardSetup(harness.play, pools=[pool], sampler=policy)
 
 
 async def measure_sharded(

@@ -30,7 +30,7 @@ from plies.environments import BlackjackEnv, Task
 from plies.policy import VLLMClient, publish
 from plies.recipes.blackjack import BUDGETS, Budget
 from plies.recipes.blackjack.config import TEMPLATE_KWARGS, TRAIN_SEEDS
-from plies.recipes.blackjack.evaluation import play_held_out
+from plies.recipes.blackjack.evaluation import held_out
 from plies.recipes.blackjack.rewards import harness_for_budget
 from plies.recipes.blackjack.warm_start import transcripts, warm_start
 from plies.runtime import EnvPool, Interrupts, RolloutResources, run
@@ -57,20 +57,22 @@ async def blackjack_grpo(out: Path, budget: Budget, interrupts: Interrupts) -> N
         TrainingClient(server.url) as trainer,
         VLLMClient(server.url, server.ready["model"]) as sampler,
         RolloutResources(
-            policy=sampler,
+            sampler=sampler,
             pools=[EnvPool(new_env, limit=budget.eval_concurrency)],
             report_path=out / "quarantine.json",
-        ) as held_out,
+        ) as resources,
     ):
         # The tool-calling harness under the budget; a hand left unfinished scores FORFEIT.
         harness = harness_for_budget(renderer, sampler, budget)
 
         async def evaluate(policy: PolicyRef, label: str) -> float:
-            result = await play_held_out(
-                held_out, harness, policy, budget.eval_hands, budget.eval_concurrency, interrupts
-            )
-            print(f"{label}: return {result.mean_return:+.3f} over {result.hands} held-out hands")
-            return result.mean_return
+            played = await rl.play_tasks(
+                resources, harness.play, policy, held_out(budget.eval_hands),
+                concurrency=budget.eval_concurrency, interrupts=interrupts,
+            )  # fmt: skip
+            mean, stderr = rl.mean_stderr([t.reward for t in played if t and t.reward is not None])
+            print(f"{label}: return {mean:+.3f} (95% CI {rl.ci95(mean, stderr)}) held out")
+            return mean
 
         # 1. Warm start: supervised steps teach the tool-call format (and, with
         #    `thresholds` players, to read the total), not a strategy. Steps the trainer

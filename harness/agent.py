@@ -124,7 +124,7 @@ class AgentHarness:
         self.rewards = rewards
 
     @property
-    def policy(self) -> Any:
+    def sampler(self) -> Any:
         """The gateway's sampler: every turn of every agent is sampled by it."""
         return self.server.gateway.sampler
 

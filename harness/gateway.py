@@ -98,7 +98,7 @@ class GatewayHarness:
         self.rewards = rewards
 
     @property
-    def policy(self) -> Any:
+    def sampler(self) -> Any:
         """The gateway's sampler: every turn of the agent is sampled by it."""
         return self.server.gateway.sampler
 

@@ -196,7 +196,7 @@ async def play_groups(
     try:
         async with (
             RolloutResources(
-                policy=harness.policy, pools=pools.values(), report_path=report_path
+                sampler=harness.sampler, pools=pools.values(), report_path=report_path
             ) as resources,
             RolloutDriver(
                 resources, episode, policy=policy, max_groups_in_flight=max_groups_in_flight

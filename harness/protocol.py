@@ -28,7 +28,7 @@ class Harness(Protocol):
     """Plays driver episodes.
 
     Attributes:
-        policy: the policy client its turns are sampled from (the one the driver's
+        sampler: the policy client its turns are sampled from (the one the driver's
             `RolloutResources` should hold).
 
     Example::
@@ -38,7 +38,7 @@ class Harness(Protocol):
     """
 
     @property
-    def policy(self) -> Any: ...
+    def sampler(self) -> Any: ...
 
     async def play(self, ctx: EpisodeContext, *, pool: Pool[Any] | str = "env") -> Trajectory:
         """Borrow an env from `pool` for `ctx`, play `ctx.task` on it, return the record."""

@@ -119,7 +119,7 @@ class ToolCallingHarness:
 
     Args:
         renderer: the `ChatRenderer` of the policy's tokenizer (one per model).
-        policy: the client that samples completions.
+        sampler: the policy client that samples completions.
         sampling: sampling parameters; `max_tokens` is the per-turn cap on new tokens.
         limits: the episode budgets.
         system_prompt: a system message put before the env's opening messages (the chat
@@ -139,7 +139,7 @@ class ToolCallingHarness:
     """
 
     renderer: ChatRenderer
-    policy: PolicyClient
+    sampler: PolicyClient
     sampling: SamplingParams
     _: KW_ONLY
     limits: EpisodeLimits = EpisodeLimits()
@@ -174,7 +174,7 @@ class ToolCallingHarness:
                 lease.resource,
                 ctx.task,
                 lease=lease,
-                policy=ctx.policy_ref,
+                policy=ctx.policy,
                 trajectory=ctx.trajectory,
                 add_turn=ctx.add_turn,
             )
@@ -294,7 +294,7 @@ class _Episode:
             sent = time.time()
             t0 = time.monotonic()
             async with _operation(self.lease, "sample", self.watch):
-                completion: Completion = await self.h.policy.sample(
+                completion: Completion = await self.h.sampler.sample(
                     prompt, params, policy=self.policy, session=self.traj.id
                 )
             latency = time.monotonic() - t0

@@ -94,7 +94,7 @@ class VerifiersHarness:
         async with VerifiersHarness(server, "my_env.py", python=".venv-verifiers/bin/python") as h:
             rows = await h.dataset(n=8)
             specs = [GroupSpec(task_id=h.task_id(r), size=4, task=r) for r in rows]
-            async with RolloutResources(policy=h.policy, pools=[h.pool()]) as resources:
+            async with RolloutResources(sampler=h.sampler, pools=[h.pool()]) as resources:
                 async with RolloutDriver(resources, h.play, policy=ref) as driver: ...
     """
 
@@ -129,7 +129,7 @@ class VerifiersHarness:
         self._send_lock = anyio.Lock()
 
     @property
-    def policy(self) -> Any:
+    def sampler(self) -> Any:
         """The gateway's sampler: every turn of every rollout is sampled by it."""
         return self.server.gateway.sampler
 

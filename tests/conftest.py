@@ -24,6 +24,18 @@ from plies.recipes.blackjack.warm_start import transcripts, warm_start
 from plies.tokens import ChatRenderer
 from plies.training import TrainingClient
 
+SHARED_ON_ONE_WORKER = ("demo_run", "warm_server")
+"""Session fixtures that take minutes to make: under pytest-xdist every test that uses one runs
+on the same worker (`--dist loadgroup`), so each is made once, not once per worker."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks into the node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        shared = [f for f in SHARED_ON_ONE_WORKER if f in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group("+".join(shared)))
+
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir() -> Path:

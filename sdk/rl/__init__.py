@@ -12,6 +12,9 @@ docs/rl.md describes the loop and the run directory's schema.
 
 import inspect
 
+from ._evaluate import Observe as Observe
+from ._evaluate import evaluate as evaluate
+from ._evaluate import play_tasks as play_tasks
 from ._grpo import GRPOConfig as GRPOConfig
 from ._grpo import Interrupted as Interrupted
 from ._grpo import Run as Run
@@ -37,14 +40,17 @@ __all__ = [
     "GRPOConfig",
     "Interrupted",
     "Metrics",
+    "Observe",
     "Run",
     "RunLog",
     "RunProgress",
     "Shape",
     "ci95",
+    "evaluate",
     "grpo",
     "mean_stderr",
     "paired_improvement",
+    "play_tasks",
     "prune_policies",
     "prune_service_policies",
     "train",

@@ -7,7 +7,8 @@ The run directory (docs/rl.md has the whole schema):
 - `metrics.jsonl`: the run log (`RunLog`), each step announced before it is sent and recorded
   with its policy once it is published;
 - `groups.jsonl`: every completed group, fsynced before training sees it;
-- `summary.json`: what the run did so far, rewritten from the log as each call ends;
+- `summary.json`: what the run did so far, rewritten from the log as each call ends (with
+  held-out tasks: the evaluations before and after, and the paired improvement);
 - `quarantine.json`: envs the pool gave up on, if any.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,11 @@ from plies.policy import TinkerPolicyClient, VLLMClient, publish
 from plies.runtime import EnvPool, Interrupts, RolloutResources
 from plies.training import Trainer
 
+from ._evaluate import evaluate
 from ._grpo import Episode, GRPOConfig, Interrupted, Run, finished, grpo
 from ._progress import RunProgress
 from ._runlog import RunLog
+from ._stats import ci95, paired_improvement
 
 __all__ = ["RESUME_HINT", "RUN_SCHEMA", "claim_run_dir", "summary", "train"]
 
@@ -99,6 +102,8 @@ async def train(
     sampler: VLLMClient | TinkerPolicyClient,
     policy: PolicyRef,
     interrupts: Interrupts,
+    held_out: Sequence[Task] = (),
+    eval_concurrency: int = 64,
     console: Console | None = None,
 ) -> PolicyRef:
     """Train `policy` with GRPO on `tasks`, in the run directory `out`; resume what is there.
@@ -114,6 +119,9 @@ async def train(
         trainer: the training client; `sampler` samples on the same service.
         policy: where a new run starts (a resumed run starts from its last step's policy).
         interrupts: from `plies.runtime.run`, which gives Ctrl-C its three steps.
+        held_out: tasks the policy is evaluated on before GRPO (`start`) and after it
+            (`final`), each played once (`evaluate`, at most `eval_concurrency` at a time):
+            the same tasks both times, so `summary.json` pairs them up task by task.
 
     Returns:
         The newest policy: the last step's (this call's or an earlier one's), or `policy`
@@ -124,7 +132,8 @@ async def train(
     """
     out = Path(out)
     console = console or Console(stderr=True, soft_wrap=True)
-    if claim_run_dir(out, "grpo", asdict(config)):
+    settings = asdict(config) | ({"held_out": [t.id for t in held_out]} if held_out else {})
+    if claim_run_dir(out, "grpo", settings):
         console.print(f"[bold]resuming[/] the run in {out}")
     log = RunLog(out / "metrics.jsonl")
     if log.torn_tail is not None:
@@ -132,6 +141,7 @@ async def train(
             f"[yellow]metrics.jsonl[/]: line {log.torn_tail.line} was cut off by a crash "
             "(the event it began did not complete); removed"
         )
+    start = policy
     steps = log.all("step")
     if steps:
         policy = PolicyRef.model_validate(steps[-1]["policy"])
@@ -140,10 +150,10 @@ async def train(
     async def serve(new: PolicyRef) -> None:
         await publish(new, [sampler])
 
-    limit = config.group_size * config.groups_in_flight
+    limit = max(config.group_size * config.groups_in_flight, eval_concurrency * bool(held_out))
     try:
         async with RolloutResources(
-            policy=sampler,
+            sampler=sampler,
             pools=[EnvPool(_factory(env), limit=limit)],
             report_path=out / "quarantine.json",
         ) as resources:
@@ -154,7 +164,18 @@ async def train(
                     progress=progress,
                 )  # fmt: skip
                 await serve(policy)  # idempotent; a restarted server needs it
-                await grpo(run, policy, config, tasks)
+                if held_out:
+                    if start != policy and log.last("eval", label="start") is None:
+                        await serve(start)  # cut off before its first evaluation was logged
+                    await evaluate(
+                        run, start, held_out, label="start", step=0, concurrency=eval_concurrency
+                    )
+                policy = await grpo(run, policy, config, tasks)
+                if held_out and finished(log, config):
+                    await evaluate(
+                        run, policy, held_out, label="final", step=len(log.all("step")),
+                        concurrency=eval_concurrency,
+                    )  # fmt: skip
     except Interrupted:
         console.print(RESUME_HINT)
     except anyio.get_cancelled_exc_class():
@@ -174,6 +195,20 @@ def summary(log: RunLog, config: GRPOConfig, policy: PolicyRef) -> dict[str, Any
     """`summary.json`: what the run did so far, from its log (every session of it)."""
     steps = log.all("step")
     done = finished(log, config)
+    evals = {e["label"]: e for e in log.all("eval")}
+    held_out: dict[str, Any] = {}
+    for label in ("start", "final"):
+        record = evals.get(label)
+        if record is not None:
+            held_out[label] = {
+                "return": record["return"], "ci95": ci95(record["return"], record["stderr"]),
+                "episodes": record["episodes"], "failed": record["failed"],
+            }  # fmt: skip
+    if "start" in evals and "final" in evals:
+        mean, stderr, paired = paired_improvement(
+            evals["start"]["rewards"], evals["final"]["rewards"]
+        )
+        held_out["improvement"] = {"mean": mean, "ci95": ci95(mean, stderr), "paired": paired}
     return {
         "schema": RUN_SCHEMA,
         "kind": "grpo",
@@ -184,6 +219,7 @@ def summary(log: RunLog, config: GRPOConfig, policy: PolicyRef) -> dict[str, Any
         "minutes": sum(r["seconds"] for r in log.all("session")) / 60,
         "set_aside": dict(Counter(r["reason"] for r in log.all("set_aside"))),
         "train_return": [r["train_return"] for r in steps],
+        "held_out": held_out or None,
     }
 
 

@@ -1,7 +1,7 @@
 """`RolloutDriver`: runs episodes in a task group and hands back complete groups.
 
 An episode is a user coroutine, `async def episode(ctx: EpisodeContext) -> Trajectory`. It
-borrows leases through `ctx.borrow(pool)`, samples through `ctx.policy`, records turns with
+borrows leases through `ctx.borrow(pool)`, samples through `ctx.sampler`, records turns with
 `ctx.add_turn` and returns the trajectory (by default `ctx.trajectory`). The driver settles
 every member with a status:
 

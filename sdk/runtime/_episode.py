@@ -55,11 +55,12 @@ class GroupSpec:
 
 
 class EpisodeContext:
-    """What an episode gets: its task, the policy, and leases bound to it.
+    """What an episode gets: its task, the policy and its sampler, and leases bound to it.
 
     Attributes:
         task, task_id, group_id, index: what to play and which member this is.
-        policy_ref: the policy the group was admitted under; pass it to `sample(policy=)`.
+        policy: the policy the group was admitted under (a `PolicyRef`); pass it to
+            `sampler.sample(policy=)`.
         trajectory: a fresh trajectory with the ids filled in; record turns on it.
         resources: the `RolloutResources` scope.
         turns_counted: turns recorded through `add_turn` (the driver counts the rest of
@@ -71,7 +72,7 @@ class EpisodeContext:
         "_leases",
         "group_id",
         "index",
-        "policy_ref",
+        "policy",
         "resources",
         "task",
         "task_id",
@@ -95,13 +96,13 @@ class EpisodeContext:
         self.task_id = spec.task_id
         self.group_id = spec.id
         self.index = index
-        self.policy_ref = policy
+        self.policy = policy
         self.trajectory = Trajectory(task_id=spec.task_id, group_id=spec.id)
 
     @property
-    def policy(self) -> Any:
-        """The policy client of the resources scope."""
-        return self.resources.policy
+    def sampler(self) -> Any:
+        """The policy client of the resources scope (`RolloutResources.sampler`)."""
+        return self.resources.sampler
 
     @property
     def leases(self) -> tuple[Lease[Any], ...]:

@@ -54,13 +54,14 @@ class ResourcesStatistics:
 
 
 class RolloutResources(AsyncCloseable):
-    """Holds the policy client and the pools episodes borrow from.
+    """Holds the sampler (the policy client) and the pools episodes borrow from.
 
-    The policy client is held, not owned: open and close it yourself (its lifetime usually
-    spans several scopes). Pools are owned: they open with the scope and close with it.
+    The sampler is held, not owned: open and close it yourself (its lifetime usually spans
+    several scopes). Pools are owned: they open with the scope and close with it.
 
     Args:
-        policy: the policy client episodes sample from (`ctx.policy`).
+        sampler: the policy client episodes sample from (`ctx.sampler`); which policy they
+            sample is the driver's (`ctx.policy`, a `PolicyRef`).
         pools: the pools; names must be unique. `EnvPool` is named "env" and
             `HarnessPool` "harness" unless given another name.
         report_path: where the quarantine report goes. It is rewritten (off the event loop,
@@ -72,7 +73,7 @@ class RolloutResources(AsyncCloseable):
 
     Example::
 
-        async with RolloutResources(policy=client, pools=[EnvPool(make_env)],
+        async with RolloutResources(sampler=client, pools=[EnvPool(make_env)],
                                     report_path=run_dir / "quarantine.json") as res:
             async with res.env.borrow() as lease:
                 ...
@@ -81,13 +82,13 @@ class RolloutResources(AsyncCloseable):
     def __init__(
         self,
         *,
-        policy: Any = None,
+        sampler: Any = None,
         pools: Iterable[Pool[Any]] = (),
         report_path: Path | str | None = None,
         run_id: str | None = None,
         exit_grace: float = DEFAULT_EXIT_GRACE,
     ):
-        self.policy = policy
+        self.sampler = sampler
         self.pools: dict[str, Pool[Any]] = {}
         for pool in pools:
             if pool.name in self.pools:

@@ -38,7 +38,7 @@ class ShardSetup:
     Attributes:
         episode: `async def episode(ctx) -> Trajectory`, e.g. a harness's `play`.
         pools: the shard's pools (each its own `EnvPool(make_env)`, `HarnessPool(...)`).
-        policy: the shard's policy client (`ctx.policy`), held as `RolloutResources` holds
+        sampler: the shard's policy client (`ctx.sampler`), held as `RolloutResources` holds
             it: a factory that is an async context manager opens it before it yields the
             setup and closes it after the shard's scope has closed.
         exit_grace: the shard's `RolloutResources.exit_grace`.
@@ -46,13 +46,13 @@ class ShardSetup:
 
     episode: Episode
     pools: Sequence[Pool[Any]] = ()
-    policy: Any = None
+    sampler: Any = None
     exit_grace: float = DEFAULT_EXIT_GRACE
 
 
 ShardFactory = Callable[[int], "ShardSetup | AbstractAsyncContextManager[ShardSetup]"]
 """`make_shard(index)`: a `ShardSetup`, or an async context manager that yields one (to open
-and close a policy client around the shard's run). Pickled to the shard's actor."""
+and close a sampler around the shard's run). Pickled to the shard's actor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,7 @@ class ShardActor:
                         f"the shard factory returned {type(made).__name__}, not a ShardSetup"
                     )
                 res = RolloutResources(
-                    policy=made.policy,
+                    sampler=made.sampler,
                     pools=made.pools,
                     run_id=f"{self._run_id}-shard{self.index}",
                     exit_grace=made.exit_grace,

@@ -190,7 +190,7 @@ class ShardedDriver(DriverBase):
         def make_shard(index: int) -> ShardSetup:
             client = ...                                   # built in the shard's process
             harness = ToolCallingHarness(ChatRenderer(tok), client, params)
-            return ShardSetup(harness.play, pools=[EnvPool(make_env)], policy=client)
+            return ShardSetup(harness.play, pools=[EnvPool(make_env)], sampler=client)
 
         async with ShardedDriver(make_shard, shards=4, policy=ref, sink=sink) as driver:
             ...                                            # as with a RolloutDriver

@@ -236,6 +236,11 @@ async def _started(interrupts: Interrupts, *, task_status: Any = anyio.TASK_STAT
                     interrupts.terminate()
                 else:
                     interrupts.interrupt()
+    except KeyboardInterrupt:
+        # A SIGINT between the receiver putting Python's own handler back (it removes one
+        # signal's handler after the other) and the late handlers below: counted, not raised
+        # out of the loop with a traceback.
+        _late_signal(interrupts, signal.SIGINT)
     finally:
         # Closing the receiver restores the default handlers (KeyboardInterrupt anywhere,
         # or death by SIGTERM); from here until `run` returns a signal has nothing to stop.

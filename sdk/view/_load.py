@@ -173,7 +173,8 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "return": ("a number", lambda x: x is None or _is_number(x)),
     "train_return": ("a number", lambda x: x is None or _is_number(x)),
     "stderr": ("a number", lambda x: x is None or _is_number(x)),
-    "hands": ("a whole number", lambda x: x is None or _is_int(x)),
+    "episodes": ("a whole number", lambda x: x is None or _is_int(x)),
+    "hands": ("a whole number", lambda x: x is None or _is_int(x)),  # run logs before episodes
     "ci": ("two numbers", lambda x: isinstance(x, list) and len(x) == 2),
     "return_ci": ("two numbers", lambda x: isinstance(x, list) and len(x) == 2),
     "groups": ("a list of group ids", _strings),

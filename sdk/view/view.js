@@ -209,7 +209,7 @@
       g.append(s("polyline", { points: evals.map((e) => `${X(e.step)},${Y(e.return)}`).join(" "), fill: "none", stroke: "#2563eb", "stroke-width": 2 }));
       for (const e of evals) {
         g.append(s("circle", { class: "pt", "data-step": e.step, "data-return": e.return, cx: X(e.step), cy: Y(e.return), r: 3.5, fill: "#2563eb" },
-          s("title", {}, `${fmt(e.label || "eval")} step ${e.step}: ${e.return.toFixed(3)} over ${fmt(e.hands)} hands`)));
+          s("title", {}, `${fmt(e.label || "eval")} step ${e.step}: ${e.return.toFixed(3)} over ${fmt(e.episodes ?? e.hands)} episodes`)));
       }
     }
     g.append(s("text", { x: L + 6, y: 11, fill: "#2563eb" }, "— evaluation return" + (banded.length ? " (band: 95% interval)" : "")));

@@ -262,7 +262,7 @@ class Loop:
         )
         report = self.dir / f"quarantine-{config['attempt']}.json"
         resources = RolloutResources(
-            policy=sampler, pools=[pool], report_path=report, run_id=self.run_id, exit_grace=2
+            sampler=sampler, pools=[pool], report_path=report, run_id=self.run_id, exit_grace=2
         )
         driver: RolloutDriver | None = None
         written = 0
@@ -340,10 +340,10 @@ class Loop:
             context: list[int] = []
             for turn in range(MAX_TURNS):
                 async with lease.operation("sample"):
-                    completion = await ctx.policy.sample(
+                    completion = await ctx.sampler.sample(
                         [*context, *prompt.ids],
                         SAMPLING,
-                        policy=ctx.policy_ref,
+                        policy=ctx.policy,
                         session=traj.id,
                     )
                 ctx.add_turn(Turn.from_completion(prompt, completion))

@@ -50,6 +50,13 @@ def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(t
     assert summary["grpo_steps"] == len(steps) and summary["complete"] is True
     assert summary["stopped_early"] is (len(steps) < 4)
     assert sum(summary["set_aside"].values()) == len(log.all("set_aside"))
+    # The held-out tasks, played before and after GRPO, the same eight both times.
+    evals = {e["label"]: e for e in log.all("eval")}
+    assert sorted(evals) == ["final", "start"] and evals["final"]["step"] == len(steps)
+    for label, record in evals.items():
+        assert len(record["rewards"]) == 8 == record["episodes"] + record["failed"]
+        assert summary["held_out"][label]["episodes"] == record["episodes"]
+    assert summary["held_out"]["improvement"]["paired"] == evals["final"]["episodes"]
     log.close()
 
     again = example(cwd, out)
@@ -69,4 +76,5 @@ def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(t
     assert snapshot.problems == [] and snapshot.summary == resumed
     assert resumed["grpo_steps"] == summary["grpo_steps"]
     assert resumed["minutes"] > summary["minutes"]  # both sessions
+    assert resumed["held_out"] == summary["held_out"]  # read back, not played again
     assert len(snapshot.groups) == len(groups.records)

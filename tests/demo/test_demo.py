@@ -57,10 +57,10 @@ def test_short_demo_writes_metrics_summary_and_curve(demo_run):
     assert summary["complete"] and summary["grpo_steps"] == 3
     evals = {r["label"]: r for r in records(out, "eval")}
     assert summary["eval_hands"] + evals["final"]["failed"] == 32
-    assert evals["warm_start"]["policy"] == 1 and evals["warm_start"]["hands"] == 32
+    assert evals["warm_start"]["policy"] == 1 and evals["warm_start"]["episodes"] == 32
     assert evals["final"]["return"] == summary["final_return"]
     # The curve's evaluation (every 2 steps) plays the `--set` number of hands.
-    assert [(r["step"], r["hands"]) for r in records(out, "eval") if r["label"] == "curve"] == [
+    assert [(r["step"], r["episodes"]) for r in records(out, "eval") if r["label"] == "curve"] == [
         (2, 8)
     ]
     steps = records(out, "step")

@@ -30,9 +30,9 @@ from plies.environments.blackjack_exact import (
 )
 from plies.recipes.blackjack import BUDGETS
 from plies.recipes.blackjack.config import EVAL_SEEDS, TEMPLATE_KWARGS
-from plies.recipes.blackjack.evaluation import play_held_out
+from plies.recipes.blackjack.evaluation import held_out, tally
 from plies.recipes.blackjack.rewards import harness_for_budget
-from plies.rl import ci95, mean_stderr
+from plies.rl import ci95, mean_stderr, play_tasks
 from plies.runtime import EnvPool, Interrupts, RolloutResources
 from plies.testing import ScriptedPolicy
 from plies.tokens import ChatRenderer
@@ -193,15 +193,19 @@ async def test_an_evaluation_records_where_each_hand_was_forfeit(qwen3_tokenizer
         return BlackjackEnv()
 
     hands = 24
-    async with RolloutResources(policy=policy, pools=[EnvPool(env, limit=8)]) as resources:
+    async with RolloutResources(sampler=policy, pools=[EnvPool(env, limit=8)]) as resources:
         with anyio.fail_after(120):
-            result = await play_held_out(resources, harness, policy.policy, hands, 8, Interrupts())
+            played = await play_tasks(
+                resources, harness.play, policy.policy, held_out(hands), concurrency=8,
+                interrupts=Interrupts(),
+            )  # fmt: skip
+    result = tally(played)
     expected = []
     for i in range(hands):
         game = BlackjackGame.deal(EVAL_SEEDS + i)
         game.hit()
         if not game.done:
             expected.append((total(game.player), game.dealer[0], usable_ace(game.player)))
-    assert expected and sorted(result.forfeits) == sorted(expected)
-    assert result.ill_formed == len(expected) and len(result.decisions) == hands
-    assert all(hit for *_, hit in result.decisions)
+    assert expected and sorted(map(tuple, result["forfeits"])) == sorted(expected)
+    assert result["ill_formed"] == len(expected) and len(result["decisions"]) == hands
+    assert all(hit for *_, hit in result["decisions"])

@@ -124,7 +124,7 @@ def _eval(label: str, step: int, rewards: list[float | None], decisions: list[li
     mean, stderr = mean_stderr(scored)
     return {
         "label": label, "step": step, "policy": 1, "seconds": 0.0, "return": mean,
-        "hands": len(scored), "ill_formed": 0, "failed": 0, "stand_rate": 0.5,
+        "episodes": len(scored), "ill_formed": 0, "failed": 0, "stand_rate": 0.5,
         "stderr": stderr, "rewards": rewards, "decisions": decisions,
     }  # fmt: skip
 

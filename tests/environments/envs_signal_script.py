@@ -75,7 +75,7 @@ async def main(interrupts, kind: str, run_dir: Path, npm_bin: Path | None) -> No
             driver.close_admission()
 
         resources = RolloutResources(
-            policy=harness.policy, pools=[pool], report_path=run_dir / "quarantine.json"
+            sampler=harness.sampler, pools=[pool], report_path=run_dir / "quarantine.json"
         )
         await drive(
             resources,

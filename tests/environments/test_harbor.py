@@ -47,7 +47,7 @@ async def play(tokenizer, script, task: HarborTask, root: Path | None, n: int = 
     async def make() -> HarborEnv:
         return HarborEnv(task, backend or task.backend(root))
 
-    async with RolloutResources(policy=harness.policy, pools=[EnvPool(make)]) as resources:
+    async with RolloutResources(sampler=harness.sampler, pools=[EnvPool(make)]) as resources:
         async with RolloutDriver(resources, harness.play, policy=POLICY) as driver:
             await driver.admit(GroupSpec(task_id=task.name, size=n, task=Task(id=task.name)))
             driver.close_admission()

@@ -51,7 +51,7 @@ async def drive(host: McpHost, h: ToolCallingHarness, tasks: list[Task], score=N
     async def make() -> McpEnv:
         return host.env(score=score)
 
-    async with RolloutResources(policy=h.policy, pools=[EnvPool(make, limit=8)]) as resources:
+    async with RolloutResources(sampler=h.sampler, pools=[EnvPool(make, limit=8)]) as resources:
         async with RolloutDriver(
             resources, h.play, policy=POLICY, max_groups_in_flight=None
         ) as driver:

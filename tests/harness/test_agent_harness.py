@@ -179,7 +179,7 @@ async def test_play_groups_takes_an_agent_harness(qwen3_tokenizer, tmp_path):
     gateway = _gateway(qwen3_tokenizer, [sh("echo hello > hello.txt"), "ok"])
     async with gateway, GatewayServer(gateway) as server:
         harness = AgentHarness(server, ChatAgent(), wall_s=60)
-        assert isinstance(harness, Harness) and harness.policy is gateway.sampler
+        assert isinstance(harness, Harness) and harness.sampler is gateway.sampler
 
         async def make_env() -> WorkspaceEnv:
             return WorkspaceEnv(LocalProcessBackend(tmp_path), run_id="t")

@@ -135,7 +135,7 @@ async def test_complete_episodes_in_process_openenv_and_sandbox_concurrently(
 
         pools = [EnvPool(f, name=n) for n, f in
                  (("local", local), ("openenv", remote), ("sandbox", sandboxed))]  # fmt: skip
-        async with RolloutResources(policy=client, pools=pools) as resources:
+        async with RolloutResources(sampler=client, pools=pools) as resources:
 
             async def episode(ctx) -> Trajectory:
                 return await harness.play(ctx, pool=ctx.task.data["pool"])
@@ -477,7 +477,7 @@ async def test_cancelled_tool_call_settles_or_is_quarantined(
     )  # fmt: skip
     seed = await well_formed_deal(client, renderer, warm_server.warm)  # a tool call starts
     pool = EnvPool(make, settle_timeout=settle, teardown_retries=0)
-    async with RolloutResources(policy=client, pools=[pool]) as resources:
+    async with RolloutResources(sampler=client, pools=[pool]) as resources:
         async with RolloutDriver(resources, harness.play, policy=warm_server.warm) as driver:
             await driver.admit(GroupSpec(task_id="stall", task=Task(id="stall", seed=seed)))
             with anyio.fail_after(60):

@@ -116,7 +116,7 @@ async def served(
 async def play(harness: VerifiersHarness, specs, policy: PolicyRef, *, cancel_after=None):
     """Admit `specs`, collect the groups (cancelling the driver when `cancel_after` fires)."""
     async with (
-        RolloutResources(policy=harness.policy, pools=[harness.pool()]) as resources,
+        RolloutResources(sampler=harness.sampler, pools=[harness.pool()]) as resources,
         RolloutDriver(resources, harness.play, policy=policy) as driver,
     ):
         for spec in specs:

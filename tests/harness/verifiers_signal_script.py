@@ -57,7 +57,7 @@ async def main(interrupts, run_dir: Path) -> None:
             driver.close_admission()
 
         resources = RolloutResources(
-            policy=harness.policy, pools=[harness.pool()], report_path=run_dir / "quarantine.json"
+            sampler=harness.sampler, pools=[harness.pool()], report_path=run_dir / "quarantine.json"
         )
         await drive(
             resources,

@@ -165,7 +165,7 @@ async def test_every_request_of_a_harness_episode_carries_its_episode_id(qwen3_t
                 return CounterEnv(goal)
 
             async with (
-                RolloutResources(policy=client, pools=[EnvPool(make_env)]) as res,
+                RolloutResources(sampler=client, pools=[EnvPool(make_env)]) as res,
                 RolloutDriver(res, harness.play, policy=REF) as driver,
             ):
                 await driver.admit(GroupSpec("count", size=episodes, task=Task(id="count")))

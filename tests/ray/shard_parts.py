@@ -76,7 +76,7 @@ def task(
 async def episode(ctx: EpisodeContext) -> Trajectory:
     async with ctx.borrow("env") as lease:
         for k in range(ctx.task["turns"]):
-            body = await ctx.policy.sample(ctx.task["sample_s"], ctx.task["sure"])
+            body = await ctx.sampler.sample(ctx.task["sample_s"], ctx.task["sure"])
             ctx.add_turn(
                 Turn(
                     prompt_ids=[7, k],
@@ -84,11 +84,11 @@ async def episode(ctx: EpisodeContext) -> Trajectory:
                     completion_ids=body["ids"],
                     logprobs=body["logprobs"],
                     finish_reason="stop",
-                    policy=ctx.policy_ref,
+                    policy=ctx.policy,
                 )
             )
             async with lease.operation("step"):
-                await ctx.policy.op(ctx.task["step_s"])
+                await ctx.sampler.op(ctx.task["step_s"])
     return ctx.trajectory
 
 
@@ -108,4 +108,4 @@ def make_pool() -> EnvPool[Session]:
 async def make_shard(url: str, index: int, play: Episode = episode) -> AsyncIterator[ShardSetup]:
     """One shard: its own HTTP client, policy client and pool."""
     async with httpx.AsyncClient(timeout=60) as http:
-        yield ShardSetup(play, pools=[make_pool()], policy=StandInPolicy(url, http), exit_grace=2)
+        yield ShardSetup(play, pools=[make_pool()], sampler=StandInPolicy(url, http), exit_grace=2)

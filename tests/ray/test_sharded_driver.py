@@ -101,7 +101,7 @@ async def run_in_process(url: str, tmp: Path, specs: list[GroupSpec] = SPECS) ->
         policy = StandInPolicy(url, http)
         with JsonlSink(tmp / "one.jsonl") as sink:
             async with (
-                RolloutResources(policy=policy, pools=[make_pool()]) as res,
+                RolloutResources(sampler=policy, pools=[make_pool()]) as res,
                 RolloutDriver(res, episode, policy=V0, max_groups_in_flight=4, sink=sink) as d,
                 anyio.create_task_group() as tg,
             ):

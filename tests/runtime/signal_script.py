@@ -57,13 +57,13 @@ async def main(interrupts, run_dir: Path, policy_url: str, seed: int, max_tasks:
         retry_backoff=0.1,
     )
     resources = RolloutResources(
-        policy=policy_url, pools=[pool], report_path=run_dir / "quarantine.json", exit_grace=2
+        sampler=policy_url, pools=[pool], report_path=run_dir / "quarantine.json", exit_grace=2
     )
 
     async def episode(ctx):
         async with ctx.borrow("env") as lease:
             for k in range(ctx.task["turns"]):
-                r = await http.get(f"{ctx.policy}/sample", params={"s": 0.02, "n": 3})
+                r = await http.get(f"{ctx.sampler}/sample", params={"s": 0.02, "n": 3})
                 body = r.raise_for_status().json()
                 ctx.add_turn(
                     Turn(
@@ -72,7 +72,7 @@ async def main(interrupts, run_dir: Path, policy_url: str, seed: int, max_tasks:
                         completion_ids=body["ids"],
                         logprobs=body["logprobs"],
                         finish_reason="stop",
-                        policy=ctx.policy_ref,
+                        policy=ctx.policy,
                     )
                 )
                 async with lease.operation("step"):

@@ -29,7 +29,7 @@ from plies.runtime import (
 )
 from plies.runtime._report import read_report
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.serial]  # loop stalls: measured alone
 
 QUARANTINES = 1024
 STALL_BOUND = 0.050

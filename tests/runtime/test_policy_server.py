@@ -39,7 +39,7 @@ async def test_killing_the_policy_server_fails_episodes_with_a_typed_error(polic
         prompt = [1, 2, 3]
         async with ctx.borrow("env") as lease, httpx.AsyncClient() as http:
             for k in range(10_000):  # runs until the policy fails it
-                c = await ctx.policy.sample(prompt, params, policy=ctx.policy_ref)
+                c = await ctx.sampler.sample(prompt, params, policy=ctx.policy)
                 ctx.add_turn(Turn.from_completion(PromptDelta(prompt if k == 0 else [4], k > 0), c))
                 async with lease.operation("step"):
                     (await http.get(f"{lease.resource.url}/op")).raise_for_status()
@@ -54,7 +54,7 @@ async def test_killing_the_policy_server_fails_episodes_with_a_typed_error(polic
     )
     pool = EnvPool(create, kind="process", limit=4)
     try:
-        async with client, RolloutResources(policy=client, pools=[pool]) as res:
+        async with client, RolloutResources(sampler=client, pools=[pool]) as res:
             async with RolloutDriver(res, episode, policy=ref) as driver:
                 await driver.admit(GroupSpec("a", size=2))
                 await driver.admit(GroupSpec("b", size=2))

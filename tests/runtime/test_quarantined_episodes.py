@@ -64,7 +64,7 @@ async def test_a_wall_clock_cut_that_leaves_a_tool_call_unsettled_is_quarantined
 
     client = ScriptedClient(qwen3_tokenizer)
     pool = EnvPool(make, settle_timeout=0.1, teardown_retries=0)
-    async with RolloutResources(policy=client, pools=[pool]) as resources:
+    async with RolloutResources(sampler=client, pools=[pool]) as resources:
         async with RolloutDriver(resources, harness.play, policy=POLICY) as driver:
             await driver.admit(GroupSpec(task_id="hang", task=Task(id="hang", seed=1)))
             driver.close_admission()

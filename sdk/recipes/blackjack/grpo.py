@@ -13,7 +13,7 @@ from typing import Any
 from plies import ConfigError, Group, PolicyRef, rl
 from plies.environments import Task
 from plies.policy._paths import policy_path
-from plies.rl import Run, Shape, train_on
+from plies.rl import Shape, train_on
 from plies.training import Trainer
 
 from .config import TRAIN_SEEDS, Budget
@@ -82,12 +82,7 @@ async def grpo(run: RunState, policy: PolicyRef) -> PolicyRef:
         if budget.curve_every and step % budget.curve_every == 0:
             await evaluate(run, policy, budget.curve_hands, "curve", step)
 
-    loop = Run(
-        out=run.out, log=run.log, trainer=run.trainer, sampler=run.client,
-        resources=run.resources, play=run.harness.play, publish=run.publish,
-        console=run.console, interrupts=run.interrupts, progress=run.progress,
-    )  # fmt: skip
     shape = contrast(budget, decision_tokens(run.tokenizer))
     return await rl.grpo(
-        loop, policy, budget.grpo, train_task, deterministic=True, shape=shape, after_step=curve
+        run.loop, policy, budget.grpo, train_task, deterministic=True, shape=shape, after_step=curve
     )

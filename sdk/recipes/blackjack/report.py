@@ -46,6 +46,11 @@ __all__ = [
 ]
 
 
+def _scored(record: dict[str, Any]) -> int:
+    """Episodes an evaluation scored (`hands` in run logs written before `plies.rl.evaluate`)."""
+    return record["episodes"] if "episodes" in record else record["hands"]
+
+
 def _eval_interval(record: dict[str, Any] | None) -> list[float] | None:
     return None if record is None else ci95(record["return"], record.get("stderr", math.nan))
 
@@ -75,7 +80,7 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
         "improvement": improvement,
         "improvement_ci95": improvement_ci,
         "paired_hands": paired,
-        "eval_hands": latest["hands"] if latest else 0,
+        "eval_hands": _scored(latest) if latest else 0,
         "ill_formed": {
             "warm_start": warm["ill_formed"] if warm else None,
             "final": final["ill_formed"] if final else None,
@@ -219,7 +224,7 @@ def plot_curve(evals: Iterable[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = sorted((e["step"], e["return"], e["hands"], e.get("stderr", math.nan)) for e in evals)
+    points = sorted((e["step"], e["return"], _scored(e), e.get("stderr", math.nan)) for e in evals)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     if points:
         xs = [p[0] for p in points]

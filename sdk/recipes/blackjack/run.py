@@ -248,7 +248,7 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
         pool_limit = budget.eval_concurrency + budget.group_size * budget.groups_in_flight
         resources = await stack.enter_async_context(
             RolloutResources(
-                policy=client,
+                sampler=client,
                 pools=[EnvPool(make_env, limit=pool_limit)],
                 report_path=out / "quarantine.json",
             )

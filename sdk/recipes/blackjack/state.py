@@ -11,7 +11,7 @@ from rich.console import Console
 from plies import PolicyRef
 from plies.harness import ToolCallingHarness
 from plies.policy import TinkerPolicyClient, VLLMClient, publish
-from plies.rl import Interrupted, RunLog, RunProgress, prune_policies, prune_service_policies
+from plies.rl import Interrupted, Run, RunLog, RunProgress, prune_policies, prune_service_policies
 from plies.runtime import Interrupts, RolloutResources
 from plies.tokens import ChatRenderer
 from plies.training import TinkerTrainingClient, Trainer
@@ -59,6 +59,15 @@ class RunState:
     @property
     def out(self) -> Path:
         return self.config.out
+
+    @property
+    def loop(self) -> Run:
+        """What `plies.rl`'s GRPO and evaluations work with, from the same resources."""
+        return Run(
+            out=self.out, log=self.log, trainer=self.trainer, sampler=self.client,
+            resources=self.resources, play=self.harness.play, publish=self.publish,
+            console=self.console, interrupts=self.interrupts, progress=self.progress,
+        )  # fmt: skip
 
     def stop_if_interrupted(self) -> None:
         """Raise `Interrupted` once Ctrl-C arrived, between units of work."""
