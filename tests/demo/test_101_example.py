@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from plies.rl import RUN_SCHEMA, RunLog
 from plies.runtime import read_groups
 from plies.view import RunView
@@ -23,6 +25,7 @@ def example(cwd: Path, out: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.timeout(2 * 600 + 300 + 60)  # the subprocess deadlines bound it, not the default 300 s
 def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(tmp_path):
     cwd, out = tmp_path / "cwd", tmp_path / "run"
     cwd.mkdir()

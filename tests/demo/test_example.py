@@ -27,6 +27,7 @@ def example(out: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * 900 + 60)  # the subprocess deadlines bound it; the default 300 s cannot
 def test_example_warm_starts_trains_and_evaluates(tmp_path):
     out = tmp_path / "run"
     done = example(out)
