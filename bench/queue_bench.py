@@ -63,8 +63,8 @@ async def burst(client, requests: int) -> tuple[float, list[float], list[str]]:
 
 
 async def measure(url: str, kind: str, requests: int, latency: float, bench) -> list[str]:
-    from plies import PolicyRef
-    from plies.policy import RetryPolicy, Timeout, VLLMClient
+    from plies import PolicyRef, RetryPolicy
+    from plies.policy import Timeout, VLLMClient
 
     if kind == "raw":
         host, port = url.removeprefix("http://").split(":")

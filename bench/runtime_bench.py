@@ -222,8 +222,8 @@ async def measure(
     """
     import anyio
 
-    from plies import Group, PolicyRef
-    from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
+    from plies import Group, PolicyRef, RetryPolicy
+    from plies.policy import SamplingParams, Timeout, VLLMClient
     from plies.runtime import EnvPool, RolloutDriver, RolloutResources
 
     ref = PolicyRef(uri="plies://bench/policies/0", version=0)

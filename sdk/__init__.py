@@ -29,6 +29,7 @@ from ._exceptions import TrainingGradientsLost as TrainingGradientsLost
 from ._exceptions import TrainingQuarantined as TrainingQuarantined
 from ._exceptions import TrajectoryError as TrajectoryError
 from ._exceptions import UsageError as UsageError
+from ._retry import RetryPolicy as RetryPolicy
 from .trajectory import Group as Group
 from .trajectory import PolicyRef as PolicyRef
 from .trajectory import Segment as Segment
@@ -54,6 +55,7 @@ __all__ = [
     "PolicyResponseError",
     "PolicyUnavailable",
     "PoolExhausted",
+    "RetryPolicy",
     "SandboxError",
     "Segment",
     "Status",

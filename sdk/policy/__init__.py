@@ -7,7 +7,7 @@
 - `SGLangClient`: SGLang's native `/generate`.
 - `TinkerPolicyClient`: any Tinker-API service, through the `tinker` SDK (`plies[tinker]`);
   each published `tinker://` policy is its own sampler.
-- `Timeout`, `RetryPolicy`: explicit HTTP timeouts and retry bounds.
+- `Timeout`: explicit HTTP timeouts (the retry bounds are `plies.RetryPolicy`).
 - `SeededPolicy`: seeds every request of an episode from the episode id and the prompt
   length, so a recorded turn can be re-sampled exactly (`plies replay`).
 - `SESSION_HEADER`: the header (`X-Session-ID`) that carries `sample(session=...)`, the
@@ -24,7 +24,6 @@ Logprob convention: each sampled token's logprob under the distribution it was d
 
 from types import FunctionType
 
-from ._config import RetryPolicy as RetryPolicy
 from ._config import Timeout as Timeout
 from ._http import SESSION_HEADER as SESSION_HEADER
 from ._publish import ReloadInPlace as ReloadInPlace
@@ -49,7 +48,6 @@ __all__ = [
     "PolicyClient",
     "PolicyLoader",
     "ReloadInPlace",
-    "RetryPolicy",
     "SGLangClient",
     "SamplingParams",
     "SeededPolicy",

@@ -36,12 +36,6 @@ from typing import Any, Self, TypedDict
 from urllib.parse import urlencode
 
 import anyio
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
 from .._exceptions import (
     ConfigError,
@@ -157,6 +151,11 @@ class HTTPPolicyClient(AsyncCloseable, PolicyClientBase):
         transport: TransportName = DEFAULT_TRANSPORT,
     ):
         self.base_urls = _normalise(base_urls)
+        if retry.attempts is None:
+            raise ConfigError(
+                "a policy client's RetryPolicy needs a number of attempts: a sample has no "
+                "deadline to stop at"
+            )
         self.timeout = timeout
         self.retry = retry
         self.session_header = session_header
@@ -263,7 +262,7 @@ class HTTPPolicyClient(AsyncCloseable, PolicyClientBase):
             return await self._send(await self._choose(session), path, payload, session=session)
         except PolicyUnavailable as e:
             first: PolicyUnavailable | None = e
-        async for attempt in self._retrying():
+        async for attempt in self.retry.retrying(PolicyUnavailable):
             with attempt:
                 if first is not None:
                     failure, first = first, None
@@ -271,17 +270,6 @@ class HTTPPolicyClient(AsyncCloseable, PolicyClientBase):
                 url = await self._choose(session)
                 return await self._send(url, path, payload, session=session)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
-
-    def _retrying(self) -> AsyncRetrying:
-        return AsyncRetrying(
-            stop=stop_after_attempt(self.retry.attempts),
-            wait=wait_random_exponential(
-                multiplier=self.retry.initial_wait, max=self.retry.max_wait
-            ),
-            retry=retry_if_exception_type(PolicyUnavailable),
-            sleep=anyio.sleep,
-            reraise=True,
-        )
 
     @asynccontextmanager
     async def _post_streaming(
@@ -294,7 +282,7 @@ class HTTPPolicyClient(AsyncCloseable, PolicyClientBase):
         translated as `_send` translates it.
         """
         async with AsyncExitStack() as stack:
-            async for attempt in self._retrying():
+            async for attempt in self.retry.retrying(PolicyUnavailable):
                 with attempt:
                     url = await self._choose(session)
                     opened = self._open_stream(url, path, payload, session)

@@ -33,6 +33,7 @@ from .._exceptions import (
 )
 from .._lifecycle import AsyncCloseable
 from .._net import CLIENT_KEEPALIVE_S
+from .._retry import RetryPolicy
 from ..trajectory import PolicyRef
 from ..wire.training import (
     AdamParams,
@@ -50,7 +51,7 @@ from ..wire.training import (
     TrainingBatch,
     check_op_id,
 )
-from ._ops import LedgeredTrainer, OpLedger, retrying
+from ._ops import LedgeredTrainer, OpLedger
 
 __all__ = ["TrainingClient"]
 
@@ -62,6 +63,10 @@ _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 class _Unreachable(Exception):
     """The server could not be asked; internal to reconciliation."""
+
+
+UNTIL_DEADLINE = RetryPolicy(attempts=None)
+"""The training client's default: tries bounded by `reconcile_timeout` alone."""
 
 
 def _error_body(resp: httpx.Response) -> dict[str, Any]:
@@ -81,6 +86,8 @@ class TrainingClient(AsyncCloseable, LedgeredTrainer):
         timeout: seconds a request may take (a large forward_backward on CPU is slow).
         reconcile_timeout: seconds to keep asking the server about an op whose outcome is
             unknown (or to keep resending one that never arrived) before giving up.
+        retry: the waits between those tries (plies' one `RetryPolicy`); its `attempts`,
+            if set, bound them as well as `reconcile_timeout` does.
 
     Example:
         async with TrainingClient(url) as trainer:
@@ -96,6 +103,7 @@ class TrainingClient(AsyncCloseable, LedgeredTrainer):
         *,
         timeout: float = 600.0,
         reconcile_timeout: float = 60.0,
+        retry: RetryPolicy = UNTIL_DEADLINE,
         headers: dict[str, str] | None = None,
     ):
         if not base_url.startswith(("http://", "https://")):
@@ -103,6 +111,7 @@ class TrainingClient(AsyncCloseable, LedgeredTrainer):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.reconcile_timeout = reconcile_timeout
+        self.retry = retry
         self._headers = dict(headers or {})
         self._http: httpx.AsyncClient | None = None
         self._ops: OpLedger[None] = OpLedger(
@@ -264,7 +273,7 @@ class TrainingClient(AsyncCloseable, LedgeredTrainer):
 
     async def _post(self, path: str, payload: dict[str, Any], deadline: float) -> httpx.Response:
         """POST, sent again until `deadline` while no byte of it left (`_NEVER_SENT`)."""
-        async for attempt in retrying(deadline, _NEVER_SENT):
+        async for attempt in self.retry.retrying(_NEVER_SENT, deadline=deadline):
             with attempt:
                 return await self._client().post(path, json=payload)
         raise AssertionError("unreachable: tenacity either returns or reraises")
@@ -274,7 +283,7 @@ class TrainingClient(AsyncCloseable, LedgeredTrainer):
     ) -> OpRecord | None:
         """Ask the server what became of `op_id`, retrying until `deadline`."""
         try:
-            async for attempt in retrying(deadline, _Unreachable):
+            async for attempt in self.retry.retrying(_Unreachable, deadline=deadline):
                 with attempt:
                     return await self._ask(op_id)
         except _Unreachable as exc:

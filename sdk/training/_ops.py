@@ -14,29 +14,17 @@ lives here once, in `OpLedger`:
 
 `LedgeredTrainer` writes the `Trainer` operations once over that ledger; each client only
 sends.
-
-`retrying` is the retry policy: tenacity with jittered exponential waits, sleeping with
-anyio (tenacity's own async sleep is asyncio's), until a deadline.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
-
-import anyio
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_random_exponential,
-)
 
 from .._exceptions import ConfigError, TrainingQuarantined
 from ..trajectory import PolicyRef
@@ -56,7 +44,6 @@ __all__ = [
     "PendingOp",
     "Quarantine",
     "digest",
-    "retrying",
 ]
 
 ANSWERED_KEPT = 1024
@@ -66,22 +53,6 @@ flat over a long run. Older ones are still answered by a native server's own led
 
 H = TypeVar("H")
 R = TypeVar("R")
-
-
-def retrying(deadline: float, retry_on: type[Exception] | tuple[type[Exception], ...]) -> Any:
-    """The retry policy of the training clients: until `deadline` (`time.monotonic()`).
-
-    Returns:
-        An `AsyncRetrying` that retries on `retry_on` with jittered exponential waits
-        (0.1 s doubling to at most 2 s) and re-raises the last error when time is up.
-    """
-    return AsyncRetrying(
-        stop=stop_after_delay(max(0.0, deadline - time.monotonic())),
-        wait=wait_random_exponential(multiplier=0.1, max=2.0),
-        retry=retry_if_exception_type(retry_on),
-        sleep=anyio.sleep,
-        reraise=True,
-    )
 
 
 def digest(*parts: object) -> str:

@@ -54,13 +54,13 @@ from plies import (
     PolicyRef,
     PolicyResponseError,
     PolicyUnavailable,
+    RetryPolicy,
     TrainingGradientsLost,
     Trajectory,
     Turn,
 )
 from plies.environments import LocalProcessBackend, SandboxedBlackjackEnv, Task
 from plies.policy import (
-    RetryPolicy,
     SamplingParams,
     Timeout,
     VLLMClient,

@@ -9,9 +9,8 @@ import torch
 from counting_episode import check_recorded, play_counting
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from plies import PolicyError, PolicyRef, PolicyUnavailable
+from plies import PolicyError, PolicyRef, PolicyUnavailable, RetryPolicy
 from plies.policy import (
-    RetryPolicy,
     SamplingParams,
     Timeout,
     VLLMClient,

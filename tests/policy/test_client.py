@@ -12,12 +12,12 @@ from plies import (
     PolicyRef,
     PolicyResponseError,
     PolicyUnavailable,
+    RetryPolicy,
     UsageError,
 )
 from plies.policy import (
     Completion,
     PolicyClient,
-    RetryPolicy,
     SamplingParams,
     SGLangClient,
     VLLMClient,

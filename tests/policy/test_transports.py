@@ -18,8 +18,14 @@ import pytest
 from anyio.abc import SocketAttribute, SocketStream
 from engine_wire import requests, response
 
-from plies import ConfigError, PolicyOutcomeUnknown, PolicyResponseError, PolicyUnavailable
-from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
+from plies import (
+    ConfigError,
+    PolicyOutcomeUnknown,
+    PolicyResponseError,
+    PolicyUnavailable,
+    RetryPolicy,
+)
+from plies.policy import SamplingParams, Timeout, VLLMClient
 from plies.testing import free_port
 
 pytestmark = pytest.mark.anyio

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from runtime_helpers import OpProcess, kill_group, spawn_op_server, take
 
-from plies import PolicyRef, Status, Turn
-from plies.policy import RetryPolicy, SamplingParams, Timeout, VLLMClient
+from plies import PolicyRef, RetryPolicy, Status, Turn
+from plies.policy import SamplingParams, Timeout, VLLMClient
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
 from plies.testing import plies_command, process_alive, serve_process_sync
 from plies.tokens import PromptDelta
