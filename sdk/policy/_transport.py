@@ -10,9 +10,11 @@ bound each request by the `Timeout` phases.
 
 Transports, by name (`HTTPPolicyClient(transport=...)`):
 
-- "aiohttp" (default): one `aiohttp.ClientSession`, a connection per request in flight. Its
-  pool finds a free connection in O(1), so cost per request stays flat as thousands wait on
-  the engine. aiohttp has no write timeout: a body over 64 KiB bounds its whole request by the
+- "aiohttp" (default): one `aiohttp.ClientSession`, a connection per request in flight, up
+  to `connection_limit()` (half the process's open-file limit): beyond it a request waits up
+  to `Timeout.pool` for a free connection, rather than failing for want of a file descriptor.
+  Its pool finds a free connection in O(1), so cost per request stays flat as thousands wait
+  on the engine. aiohttp has no write timeout: a body over 64 KiB bounds its whole request by the
   sum of the phases instead; a smaller one is buffered whole, so its write cannot stall.
 - "httpx", "httpx2": `AsyncClient`s in lanes of `LANE_REQUESTS` requests each. httpcore's
   pool scans its connections against its waiting requests on every change, so one client
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import resource
 import ssl
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -49,6 +52,7 @@ __all__ = [
     "Transport",
     "TransportFailure",
     "TransportName",
+    "connection_limit",
     "open_transport",
 ]
 
@@ -169,6 +173,18 @@ _URLS_KEPT = 256
 """Parsed request URLs kept: engines x paths, so a handful in practice."""
 
 
+def connection_limit() -> int:
+    """Connections one aiohttp transport may hold: half the process's soft open-file limit.
+
+    Each connection is a file descriptor. Unbounded, 16,000 requests at once under a
+    20,000-file limit failed by the thousand on "Too many open files" (`bench/queue_bench.py`:
+    the connections a burst reopens while the idle ones it replaces still hold theirs); the
+    other half is left to the run's files, pipes, sandboxes and any server in the process.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, soft // 2) if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 class AiohttpTransport(Transport):
     """aiohttp's `ClientSession`, one connection per request in flight."""
 
@@ -179,13 +195,22 @@ class AiohttpTransport(Transport):
         super().__init__(timeout, headers)
         self._aiohttp = aiohttp
         self._yarl = yarl
-        self._timeout = aiohttp.ClientTimeout(sock_connect=timeout.connect, sock_read=timeout.read)
+        # aiohttp's `connect` bounds the wait for a pooled connection and making one, together.
+        acquire = (
+            None if None in (timeout.pool, timeout.connect) else timeout.pool + timeout.connect
+        )
+        self._timeout = aiohttp.ClientTimeout(
+            connect=acquire, sock_connect=timeout.connect, sock_read=timeout.read
+        )
         phases = (timeout.connect, timeout.write, timeout.read)
         self._bounded = aiohttp.ClientTimeout(
             total=None if None in phases else sum(p for p in phases if p is not None),
+            connect=acquire,
             sock_connect=timeout.connect,
             sock_read=timeout.read,
         )
+        self._limit = connection_limit()
+        self._in_flight = 0
         self._urls: dict[str, Any] = {}
         self._session: Any = None
         self._ssl: ssl.SSLContext | None = None
@@ -196,7 +221,7 @@ class AiohttpTransport(Transport):
             self._ssl = httpx.create_ssl_context()
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S, ssl=self._ssl
+                limit=self._limit, keepalive_timeout=CLIENT_KEEPALIVE_S, ssl=self._ssl
             ),
             timeout=self._timeout,
             headers=self.headers,
@@ -219,21 +244,29 @@ class AiohttpTransport(Transport):
         return session.request(method, target, data=body, headers=headers, **options)
 
     def _failure(self, error: Exception, began: bool) -> TransportFailure:
-        """The kind of a `TimeoutError` or `aiohttp.ClientError`; `began`: an answer began."""
+        """The kind of a `TimeoutError` or `aiohttp.ClientError`; `began`: an answer began.
+
+        A connect timeout while every allowed connection was busy was (at least partly) the
+        wait for one: "no_connection", which does not mark the engine down."""
         aiohttp = self._aiohttp
         refused = (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError)
         if isinstance(error, refused) and not began:
+            if isinstance(error, TimeoutError) and self._in_flight > self._limit:
+                return TransportFailure("no_connection", error)
             return TransportFailure("refused", error)
         if isinstance(error, TimeoutError):  # sock_read, or the whole request's bound
             return TransportFailure("timeout", error)
         return TransportFailure("dropped", error)
 
     async def request(self, method: str, url: str, body: bytes | None, headers: Headers) -> Reply:
+        self._in_flight += 1
         try:
             async with self._call(method, url, body, headers) as resp:
                 return Reply(resp.status, await resp.read())
         except (TimeoutError, self._aiohttp.ClientError) as e:
             raise self._failure(e, began=False) from e
+        finally:
+            self._in_flight -= 1
 
     @asynccontextmanager
     async def stream(
@@ -249,12 +282,15 @@ class AiohttpTransport(Transport):
             except errors as e:
                 raise self._failure(e, began=True) from e
 
+        self._in_flight += 1
         try:
             async with self._call(method, url, body, headers) as resp:
                 began = True
                 yield StreamReply(resp.status, lines(), resp.read)
         except errors as e:
             raise self._failure(e, began) from e
+        finally:
+            self._in_flight -= 1
 
     async def aclose(self) -> None:
         session, self._session = self._session, None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 
@@ -50,11 +52,15 @@ class Engine:
 
     port: int = 0
     connections: int = 0
+    open_now: int = 0
+    most_open: int = 0
     requests: list[tuple[dict[str, str], dict]] = field(default_factory=list)
     peers: list[int] = field(default_factory=list)
 
     async def handle(self, stream: SocketStream) -> None:
         self.connections += 1
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
         self.peers.append(stream.extra(SocketAttribute.remote_port))
         try:
             async for request in requests(stream):
@@ -68,10 +74,13 @@ class Engine:
                     continue
                 if how == "hang":
                     await anyio.sleep_forever()
+                if how == "slow":
+                    await anyio.sleep(0.2)
                 if how == "drop":
                     return
                 answer = {
                     "ok": response(200, ANSWER),
+                    "slow": response(200, ANSWER),
                     "busy": response(503, b'{"error": {"message": "full"}}'),
                     "gateway": response(502, b"bad gateway"),
                     "not-json": response(200, b"<html>"),
@@ -81,6 +90,7 @@ class Engine:
         except (anyio.EndOfStream, anyio.BrokenResourceError):
             pass
         finally:
+            self.open_now -= 1
             await stream.aclose()
 
     async def stream(self, stream: SocketStream, how: str) -> None:
@@ -268,3 +278,43 @@ async def test_a_stream_that_never_began_is_retried(engine, transport):
         with pytest.raises(PolicyUnavailable, match="overloaded"):
             await policy.sample_streaming([1], PARAMS, on_tokens)
     assert len(engine.requests) == FAST_RETRY.attempts
+
+
+FILE_LIMIT = 160
+"""The soft open-file limit of the process the cap test samples from."""
+
+
+async def test_the_default_transport_holds_no_more_connections_than_the_file_limit_allows(engine):
+    """300 samples at once from a process allowed 160 files: the aiohttp transport opens at
+    most half that many connections, and the rest wait for one instead of failing on "Too
+    many open files" (which unbounded, about half of them did)."""
+    script = textwrap.dedent(
+        f"""
+        import resource, anyio
+        from plies import PolicyRef
+        from plies.policy import SamplingParams, VLLMClient
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, ({FILE_LIMIT}, hard))
+
+        async def main():
+            failed = []
+            ref = PolicyRef.model_validate({REF!r})
+            async with VLLMClient("http://127.0.0.1:{engine.port}", "slow", policy=ref) as policy:
+                async def one():
+                    try:
+                        await policy.sample([1], SamplingParams(max_tokens=1))
+                    except Exception as e:
+                        failed.append(repr(e))
+                async with anyio.create_task_group() as tg:
+                    for _ in range(300):
+                        tg.start_soon(one)
+            print(len(failed), failed[:1])
+
+        anyio.run(main)
+        """
+    )
+    done = await anyio.run_process([sys.executable, "-c", script], check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().split()[0] == "0", done.stdout.decode()
+    assert len(engine.requests) == 300
+    assert 0 < engine.most_open <= FILE_LIMIT // 2
