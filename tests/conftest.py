@@ -29,6 +29,18 @@ SHARED_ON_ONE_WORKER = ("demo_run", "warm_server")
 on the same worker (`--dist loadgroup`), so each is made once, not once per worker."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread per process, for the tests and every server and run they start
+    (unless OMP_NUM_THREADS says otherwise). The suite runs two tests at a time on two
+    cores; two tiny-model processes with two OpenMP threads each spend the cores spinning at
+    each other's barriers, so two of the demo's runs side by side took longer than one after
+    the other."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
