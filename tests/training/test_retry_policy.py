@@ -23,7 +23,7 @@ async def unreachable_after(retry: RetryPolicy, reconcile_timeout: float) -> flo
     async with TrainingClient(
         closed_url(), retry=retry, reconcile_timeout=reconcile_timeout
     ) as trainer:
-        with pytest.raises(TrainingError, match="unreachable; .* was not applied"):
+        with pytest.raises(TrainingError, match=r"unreachable; .* was not applied"):
             await trainer.forward_backward(random_batch(0, (6, 8), prompt=3))
     return time.monotonic() - started
 
