@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .._exceptions import ConfigError
 from .._retry import RetryPolicy
 
-__all__ = ["DEFAULT_RETRY", "DEFAULT_TIMEOUT", "RetryPolicy", "Timeout"]
+__all__ = ["DEFAULT_RETRY", "DEFAULT_TIMEOUT", "Timeout"]
 
 
 @dataclass(frozen=True)

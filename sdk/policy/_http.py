@@ -45,7 +45,8 @@ from .._exceptions import (
     PolicyUnavailable,
 )
 from .._lifecycle import AsyncCloseable
-from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, RetryPolicy, Timeout
+from .._retry import RetryPolicy
+from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, Timeout
 from ._transport import (
     DEFAULT_TRANSPORT,
     Reply,

@@ -176,10 +176,9 @@ _URLS_KEPT = 256
 def connection_limit() -> int:
     """Connections one aiohttp transport may hold: half the process's soft open-file limit.
 
-    Each connection is a file descriptor. Unbounded, 16,000 requests at once under a
-    20,000-file limit failed by the thousand on "Too many open files" (`bench/queue_bench.py`:
-    the connections a burst reopens while the idle ones it replaces still hold theirs); the
-    other half is left to the run's files, pipes, sandboxes and any server in the process.
+    Each connection is a file descriptor: unbounded, a burst of thousands of requests fails
+    on "Too many open files" (docs/scaling.md, `bench/queue_bench.py`). The other half is
+    left to the run's files, pipes, sandboxes and any server in the process.
     """
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(16, soft // 2) if soft != resource.RLIM_INFINITY else 1 << 20
@@ -243,15 +242,16 @@ class AiohttpTransport(Transport):
                 self._urls[url] = target
         return session.request(method, target, data=body, headers=headers, **options)
 
-    def _failure(self, error: Exception, began: bool) -> TransportFailure:
-        """The kind of a `TimeoutError` or `aiohttp.ClientError`; `began`: an answer began.
+    def _failure(self, error: Exception, began: bool, queued: bool) -> TransportFailure:
+        """The kind of a `TimeoutError` or `aiohttp.ClientError`; `began`: an answer began;
+        `queued`: every allowed connection was busy when the request came.
 
-        A connect timeout while every allowed connection was busy was (at least partly) the
-        wait for one: "no_connection", which does not mark the engine down."""
+        A connect timeout of a queued request was (at least partly) the wait for a
+        connection: "no_connection", which does not mark the engine down."""
         aiohttp = self._aiohttp
         refused = (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError)
         if isinstance(error, refused) and not began:
-            if isinstance(error, TimeoutError) and self._in_flight > self._limit:
+            if isinstance(error, TimeoutError) and queued:
                 return TransportFailure("no_connection", error)
             return TransportFailure("refused", error)
         if isinstance(error, TimeoutError):  # sock_read, or the whole request's bound
@@ -260,11 +260,12 @@ class AiohttpTransport(Transport):
 
     async def request(self, method: str, url: str, body: bytes | None, headers: Headers) -> Reply:
         self._in_flight += 1
+        queued = self._in_flight > self._limit
         try:
             async with self._call(method, url, body, headers) as resp:
                 return Reply(resp.status, await resp.read())
         except (TimeoutError, self._aiohttp.ClientError) as e:
-            raise self._failure(e, began=False) from e
+            raise self._failure(e, False, queued) from e
         finally:
             self._in_flight -= 1
 
@@ -280,15 +281,16 @@ class AiohttpTransport(Transport):
                 async for line in resp.content:
                     yield line.rstrip(b"\r\n")
             except errors as e:
-                raise self._failure(e, began=True) from e
+                raise self._failure(e, True, queued) from e
 
         self._in_flight += 1
+        queued = self._in_flight > self._limit
         try:
             async with self._call(method, url, body, headers) as resp:
                 began = True
                 yield StreamReply(resp.status, lines(), resp.read)
         except errors as e:
-            raise self._failure(e, began) from e
+            raise self._failure(e, began, queued) from e
         finally:
             self._in_flight -= 1
 

@@ -281,25 +281,27 @@ async def test_a_stream_that_never_began_is_retried(engine, transport):
 
 
 FILE_LIMIT = 160
-"""The soft open-file limit of the process the cap test samples from."""
+"""The soft open-file limit of the process the cap tests sample from (80 connections)."""
 
 
-async def test_the_default_transport_holds_no_more_connections_than_the_file_limit_allows(engine):
-    """300 samples at once from a process allowed 160 files: the aiohttp transport opens at
-    most half that many connections, and the rest wait for one instead of failing on "Too
-    many open files" (which unbounded, about half of them did)."""
+async def sample_from_a_small_process(port: int, timeout: str) -> list[str]:
+    """300 samples at once from a process allowed `FILE_LIMIT` files, through the default
+    transport with `timeout` (a `Timeout(...)` expression): the errors of those that failed."""
     script = textwrap.dedent(
         f"""
-        import resource, anyio
-        from plies import PolicyRef
-        from plies.policy import SamplingParams, VLLMClient
+        import json, resource, anyio
+        from plies import PolicyRef, RetryPolicy
+        from plies.policy import SamplingParams, Timeout, VLLMClient
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, ({FILE_LIMIT}, hard))
 
         async def main():
             failed = []
             ref = PolicyRef.model_validate({REF!r})
-            async with VLLMClient("http://127.0.0.1:{engine.port}", "slow", policy=ref) as policy:
+            async with VLLMClient(
+                "http://127.0.0.1:{port}", "slow", policy=ref, timeout={timeout},
+                retry=RetryPolicy(attempts=1),
+            ) as policy:
                 async def one():
                     try:
                         await policy.sample([1], SamplingParams(max_tokens=1))
@@ -308,13 +310,32 @@ async def test_the_default_transport_holds_no_more_connections_than_the_file_lim
                 async with anyio.create_task_group() as tg:
                     for _ in range(300):
                         tg.start_soon(one)
-            print(len(failed), failed[:1])
+            print(json.dumps(failed))
 
         anyio.run(main)
         """
     )
     done = await anyio.run_process([sys.executable, "-c", script], check=False)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert done.stdout.decode().split()[0] == "0", done.stdout.decode()
+    return json.loads(done.stdout)
+
+
+async def test_the_default_transport_holds_no_more_connections_than_the_file_limit_allows(engine):
+    """The aiohttp transport opens at most half the process's file limit in connections, and
+    the other samples wait for one instead of failing on "Too many open files" (which
+    unbounded, about half of them did)."""
+    assert await sample_from_a_small_process(engine.port, "Timeout()") == []
     assert len(engine.requests) == 300
     assert 0 < engine.most_open <= FILE_LIMIT // 2
+
+
+async def test_a_sample_that_waited_too_long_for_a_connection_was_never_sent(engine):
+    """Past the cap, a sample waits for a free connection up to `Timeout.pool` (with the
+    connect); one that waited longer is unavailable for want of a connection (never sent, so
+    retryable), not an engine that refused, which would mark the engine down."""
+    failed = await sample_from_a_small_process(engine.port, "Timeout(connect=0.05, pool=0.05)")
+    # Unavailable, never sent: the queued ones for want of a connection (a slow connect of
+    # one that did not queue may still read as a refusal, as it should).
+    assert all(e.startswith("PolicyUnavailable") for e in failed), failed[:3]
+    assert any("no free connection" in e for e in failed), failed[:3]
+    assert len(engine.requests) == 300 - len(failed)
