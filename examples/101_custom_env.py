@@ -62,6 +62,7 @@ async def main(out: Path, interrupts: Interrupts) -> None:
             policy=PolicyRef.model_validate(server.ready["policy"]),
             interrupts=interrupts,
             held_out=[Task(id=f"held-out-{i}", seed=10_000 + i) for i in range(8)],
+            eval_every=2,
         )
         print(f"trained to policy version {policy.version}; the run is in {out / 'grpo'}")
 

@@ -2,16 +2,19 @@
 
 `train` is the whole loop for a script: give it a config, the tasks, an env factory, an
 episode (`ToolCallingHarness.play` or an agent harness's), a trainer and a sampler, and it
-trains in a run directory that the same call resumes after Ctrl-C or a crash. Recipes that
-own more of the run (a warm start, evaluations, a report) call `grpo` with their own `Run`,
-and use what such a run needs besides: a held-out evaluation's mean and 95% interval
-(`mean_stderr`, `ci95`) and the paired comparison of two (`paired_improvement`), and pruning
-the policies a run published (`prune_policies`, `prune_service_policies`).
+trains in a run directory that the same call resumes after Ctrl-C or a crash (a trainer that
+keeps no weights between sessions, as on the Tinker API, is opened from `last_policy(out)`).
+Recipes that own more of the run (a warm start, evaluations, a report) call `grpo` with their
+own `Run`, and use what such a run needs besides: a held-out evaluation's mean and 95%
+interval (`mean_stderr`, `ci95`) and the paired comparison of two (`paired_improvement`), the
+learning curve of its evaluations (`plot_curve`), and pruning the policies a run published
+(`prune_policies`, `prune_service_policies`).
 docs/rl.md describes the loop and the run directory's schema.
 """
 
 import inspect
 
+from ._curve import plot_curve as plot_curve
 from ._evaluate import Observe as Observe
 from ._evaluate import evaluate as evaluate
 from ._evaluate import play_tasks as play_tasks
@@ -32,6 +35,7 @@ from ._stats import paired_improvement as paired_improvement
 from ._step import Metrics as Metrics
 from ._step import train_step as train_step
 from ._train import RUN_SCHEMA as RUN_SCHEMA
+from ._train import last_policy as last_policy
 from ._train import train as train
 
 __all__ = [
@@ -48,9 +52,11 @@ __all__ = [
     "ci95",
     "evaluate",
     "grpo",
+    "last_policy",
     "mean_stderr",
     "paired_improvement",
     "play_tasks",
+    "plot_curve",
     "prune_policies",
     "prune_service_policies",
     "train",

@@ -9,6 +9,8 @@ The run directory (docs/rl.md has the whole schema):
 - `groups.jsonl`: every completed group, fsynced before training sees it;
 - `summary.json`: what the run did so far, rewritten from the log as each call ends (with
   held-out tasks: the evaluations before and after, and the paired improvement);
+- `learning_curve.png`: the held-out evaluations by step (with held-out tasks), redrawn as
+  each call ends;
 - `quarantine.json`: envs the pool gave up on, if any.
 """
 
@@ -29,16 +31,17 @@ from plies import ConfigError, PolicyRef
 from plies._durable import write_atomic
 from plies.environments import Env, Task
 from plies.policy import TinkerPolicyClient, VLLMClient, publish
-from plies.runtime import EnvPool, Interrupts, RolloutResources
+from plies.runtime import EnvPool, Interrupts, RolloutResources, read_jsonl
 from plies.training import Trainer
 
+from ._curve import plot_curve
 from ._evaluate import evaluate
 from ._grpo import Episode, GRPOConfig, Interrupted, Run, finished, grpo
 from ._progress import RunProgress
 from ._runlog import RunLog
 from ._stats import ci95, paired_improvement
 
-__all__ = ["RESUME_HINT", "RUN_SCHEMA", "claim_run_dir", "summary", "train"]
+__all__ = ["RESUME_HINT", "RUN_SCHEMA", "claim_run_dir", "last_policy", "summary", "train"]
 
 RUN_SCHEMA = 1
 """The version of the run directory's layout, recorded in `run.json` as `schema`."""
@@ -91,6 +94,18 @@ def claim_run_dir(out: Path, kind: str, settings: dict[str, Any]) -> bool:
     return True
 
 
+def last_policy(out: Path | str) -> PolicyRef | None:
+    """The policy the run in `out` continues from: its newest step's, or None before any.
+
+    What a trainer that does not keep its weights between sessions is opened from when the
+    run resumes (`TinkerTrainingClient(..., resume_from=last_policy(out))`). It only reads
+    the run log: a line cut off by a crash is left for `train` to remove and report.
+    """
+    records = read_jsonl(Path(out) / "metrics.jsonl").records
+    steps = [r for r in records if r.get("kind") == "step"]
+    return PolicyRef.model_validate(steps[-1]["policy"]) if steps else None
+
+
 async def train(
     out: Path | str,
     config: GRPOConfig,
@@ -103,6 +118,7 @@ async def train(
     policy: PolicyRef,
     interrupts: Interrupts,
     held_out: Sequence[Task] = (),
+    eval_every: int = 0,
     eval_concurrency: int = 64,
     console: Console | None = None,
 ) -> PolicyRef:
@@ -122,19 +138,28 @@ async def train(
         held_out: tasks the policy is evaluated on before GRPO (`start`) and after it
             (`final`), each played once (`evaluate`, at most `eval_concurrency` at a time):
             the same tasks both times, so `summary.json` pairs them up task by task.
+        eval_every: also evaluate on `held_out` after every this many steps (`curve`
+            evaluations), for the learning curve; 0: before and after only.
 
     Returns:
         The newest policy: the last step's (this call's or an earlier one's), or `policy`
         when no step trained.
 
     Raises:
-        ConfigError: `out` holds another run (`claim_run_dir`) or a damaged log.
+        ConfigError: `out` holds another run (`claim_run_dir`) or a damaged log;
+            `eval_every` is negative or set without `held_out`; or the run has logged steps
+            and `trainer` holds fewer (it was not opened from the run's weights: a Tinker
+            trainer resumes with `resume_from=last_policy(out)`).
     """
     out = Path(out)
     console = console or Console(stderr=True, soft_wrap=True)
+    if not isinstance(eval_every, int) or eval_every < 0 or (eval_every and not held_out):
+        raise ConfigError(
+            f"eval_every is {eval_every!r}: an integer >= 0, and above 0 only with held_out tasks"
+        )
     settings = asdict(config) | ({"held_out": [t.id for t in held_out]} if held_out else {})
-    if claim_run_dir(out, "grpo", settings):
-        console.print(f"[bold]resuming[/] the run in {out}")
+    settings |= {"eval_every": eval_every} if eval_every else {}
+    resuming = claim_run_dir(out, "grpo", settings)
     log = RunLog(out / "metrics.jsonl")
     if log.torn_tail is not None:
         console.print(
@@ -145,10 +170,30 @@ async def train(
     steps = log.all("step")
     if steps:
         policy = PolicyRef.model_validate(steps[-1]["policy"])
+        try:
+            held = (await trainer.state()).step
+            if held < len(steps):
+                raise ConfigError(
+                    f"the run in {out} took {len(steps)} GRPO steps, and the trainer holds "
+                    f"{held}: it does not hold the run's weights, and training it would mix "
+                    "them with another's; open it from the run's last policy "
+                    "(TinkerTrainingClient(..., resume_from=plies.rl.last_policy(out)))"
+                )
+        except BaseException:
+            log.close()
+            raise
+    if resuming:
+        console.print(f"[bold]resuming[/] the run in {out}")
     started = time.monotonic()
 
     async def serve(new: PolicyRef) -> None:
         await publish(new, [sampler])
+
+    async def curve(step: int, new: PolicyRef) -> None:
+        if eval_every and step % eval_every == 0:
+            await evaluate(
+                run, new, held_out, label="curve", step=step, concurrency=eval_concurrency
+            )
 
     limit = max(config.group_size * config.groups_in_flight, eval_concurrency * bool(held_out))
     try:
@@ -170,7 +215,7 @@ async def train(
                     await evaluate(
                         run, start, held_out, label="start", step=0, concurrency=eval_concurrency
                     )
-                policy = await grpo(run, policy, config, tasks)
+                policy = await grpo(run, policy, config, tasks, after_step=curve)
                 if held_out and finished(log, config):
                     await evaluate(
                         run, policy, held_out, label="final", step=len(log.all("step")),
@@ -188,6 +233,8 @@ async def train(
     steps = log.all("step")
     newest = PolicyRef.model_validate(steps[-1]["policy"]) if steps else policy
     write_atomic(out / "summary.json", json.dumps(summary(log, config, newest), indent=2).encode())
+    if log.all("eval"):
+        plot_curve(log.all("eval"), out / "learning_curve.png")
     return newest
 
 

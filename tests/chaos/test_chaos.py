@@ -7,7 +7,7 @@ invariants of `chaos_trial.py`. Trials run on a few lanes side by side, each lan
 and invariants held is printed at the end of the session, with the seed that replays them:
 
     PLIES_CHAOS_SEED=S           the suite's seed (default: a fresh one, printed)
-    PLIES_CHAOS_TRIALS=N         how many trials (default 30: every kind at least twice)
+    PLIES_CHAOS_TRIALS=N         how many trials (default: every kind twice)
     PLIES_CHAOS_ONLY=i,j         run only these trials of seed S (a replay)
     PLIES_CHAOS_LANES=K          servers side by side (default 2)
 """
@@ -30,7 +30,7 @@ from chaos_lanes import Lane
 from chaos_trial import INVARIANTS, Result, run_trial
 
 SEED = int(os.environ.get("PLIES_CHAOS_SEED") or secrets.randbelow(10**6))
-TRIALS = int(os.environ.get("PLIES_CHAOS_TRIALS") or 30)
+TRIALS = int(os.environ.get("PLIES_CHAOS_TRIALS") or 2 * len(KINDS))
 ONLY = os.environ.get("PLIES_CHAOS_ONLY")
 LANES = int(os.environ.get("PLIES_CHAOS_LANES") or 2)
 SANDBOX_PYTHON = os.path.realpath(sys.executable)

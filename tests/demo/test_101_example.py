@@ -54,12 +54,16 @@ def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(t
     assert summary["stopped_early"] is (len(steps) < 4)
     assert sum(summary["set_aside"].values()) == len(log.all("set_aside"))
     # The held-out tasks, played before and after GRPO, the same eight both times.
-    evals = {e["label"]: e for e in log.all("eval")}
-    assert sorted(evals) == ["final", "start"] and evals["final"]["step"] == len(steps)
-    for label, record in evals.items():
+    # And after every second step but the last, for the learning curve (`eval_every=2`).
+    evals = {(e["label"], e["step"]): e for e in log.all("eval")}
+    curve = [("curve", step) for step in range(2, len(steps), 2)]
+    assert sorted(evals) == sorted([("final", len(steps)), ("start", 0), *curve])
+    for (label, _), record in evals.items():
         assert len(record["rewards"]) == 8 == record["episodes"] + record["failed"]
-        assert summary["held_out"][label]["episodes"] == record["episodes"]
-    assert summary["held_out"]["improvement"]["paired"] == evals["final"]["episodes"]
+        if label != "curve":
+            assert summary["held_out"][label]["episodes"] == record["episodes"]
+    assert (out / "grpo" / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
+    assert summary["held_out"]["improvement"]["paired"] == evals["final", len(steps)]["episodes"]
     log.close()
 
     again = example(cwd, out)

@@ -8,9 +8,14 @@ from dataclasses import asdict
 
 import pytest
 
-from plies import ConfigError
-from plies.rl import RUN_SCHEMA, GRPOConfig
+from plies import ConfigError, PolicyRef
+from plies.environments import BlackjackEnv, Task
+from plies.policy import VLLMClient
+from plies.rl import RUN_SCHEMA, GRPOConfig, train
 from plies.rl._train import claim_run_dir
+from plies.runtime import Interrupts
+from plies.testing import closed_url
+from plies.training import TrainingClient
 
 
 def test_a_new_directory_is_claimed_and_the_same_settings_resume_it(tmp_path):
@@ -77,3 +82,19 @@ def test_the_bounds_follow_from_the_settings():
     assert config.groups_in_flight == 8
     assert config.max_idle_episodes == 5 * 4 * 8
     assert GRPOConfig(steps=1, max_staleness=0).groups_in_flight == 8  # one batch in flight
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("every", "held_out"), [(2, ()), (-1, (Task(id="h"),)), (1.5, ())])
+async def test_eval_every_needs_held_out_tasks_and_is_refused_before_any_work(
+    tmp_path, every, held_out
+):
+    """Clients that were never opened: the refusal comes before anything uses them."""
+    with pytest.raises(ConfigError, match=f"eval_every is {every!r}"):
+        await train(
+            tmp_path / "run", GRPOConfig(steps=1), tasks=lambda i: Task(id=str(i)),
+            env=BlackjackEnv, play=lambda ctx: ctx, trainer=TrainingClient(closed_url()),
+            sampler=VLLMClient(closed_url(), "m"), policy=PolicyRef(uri="base", version=0),
+            interrupts=Interrupts(), held_out=held_out, eval_every=every,
+        )  # fmt: skip
+    assert not (tmp_path / "run").exists()

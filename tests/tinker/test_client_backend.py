@@ -11,6 +11,7 @@ what was applied.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import threading
@@ -41,8 +42,10 @@ from plies import (
     TrainingError,
     TrainingGradientsLost,
     TrainingQuarantined,
+    rl,
     testing,
 )
+from plies.environments import BlackjackEnv, Task
 from plies.policy import (
     PolicyClient,
     PolicyLoader,
@@ -51,8 +54,10 @@ from plies.policy import (
     TinkerPolicyClient,
     publish,
 )
-from plies.rl import prune_service_policies
+from plies.rl import RunLog, prune_service_policies
 from plies.rl._retention import RETENTION_FILE, removed_versions
+from plies.rl._train import claim_run_dir
+from plies.runtime import Interrupts
 from plies.testing import closed_url
 from plies.training import (
     AdamParams,
@@ -495,3 +500,44 @@ async def test_sampling_failures_say_whether_the_request_may_have_run(served, pr
         with pytest.raises(PolicyResponseError):
             await tinker.sample(SEQ[:6], params)
         assert proxy.seen.count("asample") == 4
+
+
+async def test_plies_rl_resumes_a_run_only_on_a_trainer_that_holds_its_steps(served, tmp_path):
+    """`plies.rl.train` on the Tinker API, where a new training run starts from the base
+    weights: a run that has taken a step is refused on such a trainer, with nothing written,
+    and resumes on one opened from `plies.rl.last_policy(out)`."""
+    config = rl.GRPOConfig(steps=1, group_size=2, groups_per_step=1)
+    out = tmp_path / "run"
+    async with tinker_client(served.url) as first:
+        await first.forward_backward(batch(), loss="ppo")
+        await first.optim_step(ADAM)
+        policy = await first.save_policy()
+    claim_run_dir(out, "grpo", dataclasses.asdict(config))
+    log = RunLog(out / "metrics.jsonl")
+    log.write("step", step=0, policy=policy.model_dump(mode="json"), train_return=0.5)
+    log.close()
+    assert rl.last_policy(out) == policy
+    logged = (out / "metrics.jsonl").read_bytes()
+
+    async def no_episode(ctx):
+        raise AssertionError("the run's steps are done: nothing is played")
+
+    async def resume(trainer: Trainer) -> PolicyRef:
+        async with TinkerPolicyClient(
+            served.url, base_model=BASE, api_key=KEY, eos_token_ids=[SEQ[-1]]
+        ) as sampler:
+            return await rl.train(
+                out, config, tasks=lambda i: Task(id=str(i)), env=BlackjackEnv, play=no_episode,
+                trainer=trainer, sampler=sampler, policy=sampler.base, interrupts=Interrupts(),
+            )  # fmt: skip
+
+    async with tinker_client(served.url) as fresh:
+        with pytest.raises(ConfigError, match="took 1 GRPO steps, and the trainer holds 0"):
+            await resume(fresh)
+    assert (out / "metrics.jsonl").read_bytes() == logged
+    assert not (out / "summary.json").exists()
+
+    async with tinker_client(served.url, resume_from=rl.last_policy(out)) as resumed:
+        assert await resume(resumed) == policy
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["grpo_steps"] == 1 and summary["complete"] is True

@@ -9,10 +9,10 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plies import rl
 from plies.environments.blackjack_exact import (
     ALWAYS_STAND_RETURN,
     HARD_TOTALS,
@@ -28,7 +28,7 @@ from plies.environments.blackjack_exact import (
     price_record,
     strategy_table,
 )
-from plies.rl import Z95, RunLog, ci95, paired_improvement
+from plies.rl import RunLog, ci95, paired_improvement
 
 from .config import EVAL_SEEDS, DemoConfig
 
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 __all__ = [
     "disk_bytes",
     "exact_figures",
-    "plot_curve",
     "plot_strategy",
     "print_result",
     "result_lines",
@@ -112,7 +111,14 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
             **strategy_table(tuple(d) for d in latest["decisions"]),
         }
         plot_strategy(summary["strategy"], config.out / "strategy.png")
-    plot_curve(evals, config.out / "learning_curve.png")
+    rl.plot_curve(
+        [{**e, "episodes": _scored(e)} for e in evals],
+        config.out / "learning_curve.png",
+        references={"random": RANDOM_RETURN, "always stand": ALWAYS_STAND_RETURN,
+                    "optimal": OPTIMAL_RETURN},
+        title="Blackjack GRPO, tiny Qwen3 (labels: hands evaluated)",
+        ylabel="mean return per hand",
+    )  # fmt: skip
     summary["disk_mb"] = round(disk_bytes(config.out) / 1e6, 1)  # the figures included
     (config.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -215,42 +221,6 @@ def disk_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):  # removed meanwhile (a pruned policy)
                 total += os.lstat(os.path.join(root, name)).st_size
     return total
-
-
-def plot_curve(evals: Iterable[dict[str, Any]], path: Path) -> None:
-    """Evaluation return per step with its 95% band, against the reference policies."""
-    import matplotlib  # heavy, and only needed here
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = sorted((e["step"], e["return"], _scored(e), e.get("stderr", math.nan)) for e in evals)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    if points:
-        xs = [p[0] for p in points]
-        ax.plot(xs, [p[1] for p in points], "o-", color="C0", label="evaluation return")
-        band = [(x, r, Z95 * se) for x, r, _, se in points if math.isfinite(se)]
-        if band:
-            ax.fill_between([b[0] for b in band], [b[1] - b[2] for b in band],
-                            [b[1] + b[2] for b in band], color="C0", alpha=0.2,
-                            label="95% confidence")  # fmt: skip
-        for step, ret, hands, _ in points:
-            ax.annotate(f"{hands}", (step, ret), textcoords="offset points", xytext=(0, 6),
-                        ha="center", fontsize=7)  # fmt: skip
-    for value, name, style in (
-        (RANDOM_RETURN, "random", ":"),
-        (ALWAYS_STAND_RETURN, "always stand", "--"),
-        (OPTIMAL_RETURN, "optimal", "-."),
-    ):
-        ax.axhline(value, linestyle=style, color="grey", linewidth=1)
-        ax.text(0, value, f" {name} ({value})", va="bottom", fontsize=8, color="grey")
-    ax.set_xlabel("GRPO step (0 = warm start)")
-    ax.set_ylabel("mean return per hand")
-    ax.set_title("Blackjack GRPO, tiny Qwen3 (labels: hands evaluated)")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_strategy(table: dict[str, Any], path: Path) -> None:
