@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from demo_runs import records, wait
+from demo_runs import WARM, WARM_ARGS, records, wait
 
 from plies import PolicyRef
 from plies.recipes.blackjack import BUDGETS
@@ -33,18 +33,10 @@ for _var in ("TINKER_BASE_URL", "TINKER_API_KEY"):  # the embedded server, not o
     ENV.pop(_var, None)
 
 
-WARM = {"warm_steps": 60, "warm_batch": 4}
-"""A cheaper warm start than the smoke budget's (100 steps of 8): each Tinker forward_backward
-runs the output layer over whole sequences, and what is tested here is Ctrl-C and resume. With
-25 steps of 8 every answer was still ill-formed, so no group differed and no GRPO step ran."""
-
-
 def demo(out: Path) -> subprocess.Popen:
     log = (out.parent / f"{out.name}.log").open("ab")
     argv = [*DEMO, "--out", str(out), "--budget", "smoke", "--trainer", "tinker"]
-    argv += ["--keep-policies", "1"]
-    for field, value in WARM.items():
-        argv += ["--set", f"{field}={value}"]
+    argv += ["--keep-policies", "1", *WARM_ARGS]
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
 
 
