@@ -94,16 +94,17 @@ def claim_run_dir(out: Path, kind: str, settings: dict[str, Any]) -> bool:
     return True
 
 
-def last_policy(out: Path | str) -> PolicyRef | None:
-    """The policy the run in `out` continues from: its newest step's, or None before any.
+def last_policy(out: Path | str, *, kinds: Sequence[str] = ("step",)) -> PolicyRef | None:
+    """The policy the run in `out` continues from: that of its newest record of one of
+    `kinds` (a step's, for `train`'s runs), or None before any.
 
     What a trainer that does not keep its weights between sessions is opened from when the
     run resumes (`TinkerTrainingClient(..., resume_from=last_policy(out))`). It only reads
     the run log: a line cut off by a crash is left for `train` to remove and report.
     """
     records = read_jsonl(Path(out) / "metrics.jsonl").records
-    steps = [r for r in records if r.get("kind") == "step"]
-    return PolicyRef.model_validate(steps[-1]["policy"]) if steps else None
+    logged = [r for r in records if r.get("kind") in kinds]
+    return PolicyRef.model_validate(logged[-1]["policy"]) if logged else None
 
 
 async def train(

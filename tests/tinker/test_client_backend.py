@@ -517,6 +517,7 @@ async def test_plies_rl_resumes_a_run_only_on_a_trainer_that_holds_its_steps(ser
     log.write("step", step=0, policy=policy.model_dump(mode="json"), train_return=0.5)
     log.close()
     assert rl.last_policy(out) == policy
+    assert rl.last_policy(out, kinds=("warm_start",)) is None  # a kind this run never logged
     logged = (out / "metrics.jsonl").read_bytes()
 
     async def no_episode(ctx):

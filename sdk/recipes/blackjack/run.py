@@ -240,7 +240,6 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
             ),
             model_dir=model_dir,
             tokenizer=tokenizer,
-            log=log,
             console=console,
         )
         trainer, client = clients.trainer, clients.sampler

@@ -27,7 +27,7 @@ from rich.console import Console
 
 from plies import ConfigError, PolicyError, PolicyRef, TrainingError
 from plies.policy import TinkerPolicyClient, VLLMClient
-from plies.rl import RunLog
+from plies.rl import last_policy
 from plies.testing import ServerProcess
 from plies.training import TinkerTrainingClient, Trainer, TrainingClient
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["Clients", "Serving", "last_policy", "open_clients"]
+__all__ = ["Clients", "Serving", "open_clients"]
 
 Serving = AbstractAsyncContextManager[ServerProcess[Process]]
 """A server started on entry and stopped on exit (`open_clients` starts `plies serve` so)."""
@@ -60,13 +60,6 @@ class Clients:
     `plies serve` writes them under the run directory, where the run removes them itself."""
 
 
-def last_policy(log: RunLog) -> PolicyRef | None:
-    """The newest policy the run log recorded (a step's, else the warm start's)."""
-    steps = log.all("step")
-    record = steps[-1] if steps else log.last("warm_start")
-    return None if record is None else PolicyRef.model_validate(record["policy"])
-
-
 async def open_clients(
     config: DemoConfig,
     stack: AsyncExitStack,
@@ -74,7 +67,6 @@ async def open_clients(
     server: Callable[[], Serving],
     model_dir: Path,
     tokenizer: PreTrainedTokenizerBase,
-    log: RunLog,
     console: Console,
 ) -> Clients:
     """Open the trainer and sampler `config.trainer` names, on `stack`.
@@ -95,7 +87,7 @@ async def open_clients(
     else:
         key = os.environ.get("TINKER_API_KEY")
     base_model = model_dir.name  # what `plies serve` names the model by default
-    resume = last_policy(log)
+    resume = last_policy(config.out, kinds=("step", "warm_start"))  # the newest of either
     console.print(
         f"Tinker service at {url}, base model {base_model}"
         + (f", resuming from {resume.uri}" if resume else "")
