@@ -36,6 +36,7 @@ from ._step import Metrics as Metrics
 from ._step import train_step as train_step
 from ._train import RUN_SCHEMA as RUN_SCHEMA
 from ._train import last_policy as last_policy
+from ._train import remove_run_dir as remove_run_dir
 from ._train import train as train
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "plot_curve",
     "prune_policies",
     "prune_service_policies",
+    "remove_run_dir",
     "train",
     "train_on",
     "train_step",

@@ -17,6 +17,7 @@ The run directory (docs/rl.md has the whole schema):
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -41,7 +42,15 @@ from ._progress import RunProgress
 from ._runlog import RunLog
 from ._stats import ci95, paired_improvement
 
-__all__ = ["RESUME_HINT", "RUN_SCHEMA", "claim_run_dir", "last_policy", "summary", "train"]
+__all__ = [
+    "RESUME_HINT",
+    "RUN_SCHEMA",
+    "claim_run_dir",
+    "last_policy",
+    "remove_run_dir",
+    "summary",
+    "train",
+]
 
 RUN_SCHEMA = 1
 """The version of the run directory's layout, recorded in `run.json` as `schema`."""
@@ -91,6 +100,30 @@ def claim_run_dir(out: Path, kind: str, settings: dict[str, Any]) -> bool:
             f"{out} holds a run made with other settings ({values}); resume it with the "
             "settings it was made with, or choose another directory"
         )
+    return True
+
+
+def remove_run_dir(out: Path | str) -> bool:
+    """Delete the run in `out` to start over (a command's `--fresh`).
+
+    Returns:
+        True when there was a directory to remove.
+
+    Raises:
+        ConfigError: `out` is a file, or holds files but no `run.json`: not a run directory,
+            so nothing is touched.
+    """
+    out = Path(out)
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise ConfigError(f"{out} is a file, not a run directory; nothing was removed")
+    if not (out / "run.json").is_file() and any(out.iterdir()):
+        raise ConfigError(
+            f"{out} holds files but no run.json: it is not a run directory, and nothing in it "
+            "was removed; name a run directory, or another one"
+        )
+    shutil.rmtree(out)
     return True
 
 

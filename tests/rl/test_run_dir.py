@@ -11,7 +11,7 @@ import pytest
 from plies import ConfigError, PolicyRef
 from plies.environments import BlackjackEnv, Task
 from plies.policy import VLLMClient
-from plies.rl import RUN_SCHEMA, GRPOConfig, train
+from plies.rl import RUN_SCHEMA, GRPOConfig, remove_run_dir, train
 from plies.rl._train import claim_run_dir
 from plies.runtime import Interrupts
 from plies.testing import closed_url
@@ -98,3 +98,23 @@ async def test_eval_every_needs_held_out_tasks_and_is_refused_before_any_work(
             interrupts=Interrupts(), held_out=held_out, eval_every=every,
         )  # fmt: skip
     assert not (tmp_path / "run").exists()
+
+
+def test_remove_run_dir_removes_a_run_and_nothing_that_is_not_one(tmp_path):
+    run = tmp_path / "run"
+    claim_run_dir(run, "grpo", asdict(GRPOConfig(steps=3)))
+    (run / "metrics.jsonl").write_text("")
+    assert remove_run_dir(run) is True and not run.exists()
+    assert remove_run_dir(run) is False  # nothing there: nothing to do
+    (tmp_path / "empty").mkdir()
+    assert remove_run_dir(tmp_path / "empty") is True and not (tmp_path / "empty").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("not a run")
+    with pytest.raises(ConfigError, match=r"holds files but no run\.json"):
+        remove_run_dir(mine)
+    (tmp_path / "f").write_text("a file")
+    with pytest.raises(ConfigError, match="is a file"):
+        remove_run_dir(tmp_path / "f")
+    assert (mine / "notes.txt").read_text() == "not a run"
+    assert (tmp_path / "f").read_text() == "a file"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,7 +33,7 @@ from plies.environments import (
     SandboxedBlackjackEnv,
 )
 from plies.policy import SeededPolicy
-from plies.rl import RUN_SCHEMA, Interrupted, RunLog, RunProgress
+from plies.rl import RUN_SCHEMA, Interrupted, RunLog, RunProgress, remove_run_dir
 from plies.rl._train import RESUME_HINT
 from plies.runtime import EnvPool, Interrupts, RolloutResources, run
 from plies.testing import plies_command, serve_process, tiny_model_dir
@@ -128,27 +127,10 @@ def main(
         # Without it the warm start would run and then every hand fail.
         raise ConfigError("--sandbox e2b needs E2B_API_KEY in the environment")
     console = Console(stderr=True, soft_wrap=True)
-    if fresh:
-        _remove_run(config.out, console)
+    if fresh and remove_run_dir(config.out):
+        console.print(f"--fresh: removed the run in {config.out}")
     _claim_run_dir(config, console)  # a run dir that cannot resume: before any work
     return run(lambda interrupts: _job(config, interrupts))
-
-
-def _remove_run(out: Path, console: Console) -> None:
-    """`--fresh`: delete the run in `out`, which must be one (a run.json) or be empty.
-
-    Raises:
-        ConfigError: `out` holds files but no run.json: not a run this command made.
-    """
-    if not out.exists():
-        return
-    if not (out / "run.json").is_file() and any(out.iterdir()):
-        raise ConfigError(
-            f"--fresh removes a run directory, and {out} holds files but no run.json; "
-            "name a run directory, or another --out"
-        )
-    shutil.rmtree(out)
-    console.print(f"--fresh: removed the run in {out}")
 
 
 def _claim_run_dir(config: DemoConfig, console: Console) -> None:
