@@ -24,6 +24,7 @@ def plot_curve(
     *,
     references: Mapping[str, float] | None = None,
     title: str = "GRPO: held-out return (labels: episodes scored)",
+    xlabel: str = "GRPO step (0: before the first)",
     ylabel: str = "mean return",
 ) -> None:
     """Write a PNG of each evaluation's return against its step, its 95% band shaded.
@@ -66,7 +67,7 @@ def plot_curve(
         style = _REFERENCE_STYLES[index % len(_REFERENCE_STYLES)]
         ax.axhline(value, linestyle=style, color="grey", linewidth=1)
         ax.text(0, value, f" {name} ({value})", va="bottom", fontsize=8, color="grey")
-    ax.set_xlabel("GRPO step (0: before the first)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if points:

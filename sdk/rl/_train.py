@@ -121,7 +121,7 @@ def remove_run_dir(out: Path | str) -> bool:
     if not (out / "run.json").is_file() and any(out.iterdir()):
         raise ConfigError(
             f"{out} holds files but no run.json: it is not a run directory, and nothing in it "
-            "was removed; name a run directory, or another one"
+            "was removed"
         )
     shutil.rmtree(out)
     return True
@@ -267,8 +267,9 @@ async def train(
     steps = log.all("step")
     newest = PolicyRef.model_validate(steps[-1]["policy"]) if steps else policy
     write_atomic(out / "summary.json", json.dumps(summary(log, config, newest), indent=2).encode())
-    if log.all("eval"):
-        plot_curve(log.all("eval"), out / "learning_curve.png")
+    evals = log.all("eval")
+    if evals:
+        plot_curve(evals, out / "learning_curve.png")
     return newest
 
 

@@ -117,6 +117,7 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
         references={"random": RANDOM_RETURN, "always stand": ALWAYS_STAND_RETURN,
                     "optimal": OPTIMAL_RETURN},
         title="Blackjack GRPO, tiny Qwen3 (labels: hands evaluated)",
+        xlabel="GRPO step (0 = warm start)",
         ylabel="mean return per hand",
     )  # fmt: skip
     summary["disk_mb"] = round(disk_bytes(config.out) / 1e6, 1)  # the figures included
