@@ -12,7 +12,7 @@ with 130; the same command resumes (the trainer's journal answers the warm start
 
 This is the shape to copy. `plies demo blackjack` (`plies.recipes.blackjack`) runs the same
 job with what a long run needs on top: a learning curve, exact pricing of the policy, a
-report, retention of policies, OpenEnv and sandboxed envs, the Tinker API.
+report, OpenEnv and sandboxed envs, the Tinker API.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ async def blackjack_grpo(out: Path, budget: Budget, interrupts: Interrupts) -> N
         await publish(policy, [sampler])
         before = await evaluate(policy, "warm start")
 
-        # 2. GRPO: groups of one deal each, trained as they complete, in a run directory.
+        # 2. GRPO: groups of one deal each, trained as they complete, in a run directory;
+        # of the policies it publishes (a model directory each) only the newest stays.
         policy = await rl.train(
             out / "grpo",
             budget.grpo,
@@ -96,6 +97,7 @@ async def blackjack_grpo(out: Path, budget: Budget, interrupts: Interrupts) -> N
             sampler=sampler,
             policy=policy,
             interrupts=interrupts,
+            keep_policies=1,
         )
         if interrupts.count:
             return

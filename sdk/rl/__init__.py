@@ -8,7 +8,7 @@ Recipes that own more of the run (a warm start, evaluations, a report) call `grp
 own `Run`, and use what such a run needs besides: a held-out evaluation's mean and 95%
 interval (`mean_stderr`, `ci95`) and the paired comparison of two (`paired_improvement`), the
 learning curve of its evaluations (`plot_curve`), and pruning the policies a run published
-(`prune_policies`, `prune_service_policies`).
+(`retain`, wherever they are kept).
 docs/rl.md describes the loop and the run directory's schema.
 """
 
@@ -25,8 +25,7 @@ from ._grpo import Shape as Shape
 from ._grpo import grpo as grpo
 from ._grpo import train_on as train_on
 from ._progress import RunProgress as RunProgress
-from ._retention import prune_policies as prune_policies
-from ._retention import prune_service_policies as prune_service_policies
+from ._retention import retain as retain
 from ._runlog import RunLog as RunLog
 from ._stats import Z95 as Z95
 from ._stats import ci95 as ci95
@@ -58,9 +57,8 @@ __all__ = [
     "paired_improvement",
     "play_tasks",
     "plot_curve",
-    "prune_policies",
-    "prune_service_policies",
     "remove_run_dir",
+    "retain",
     "train",
     "train_on",
     "train_step",

@@ -23,9 +23,11 @@ directory to `.tmp-removed-<version>` first, a name the policy store deletes whe
 so a crash midway never leaves a directory that looks published but lacks its weights.
 
 Where the Tinker API holds the policies (sampler weights named by `tinker://` paths in the
-run's log), the same versions are kept and the others are deleted through the API
-(`prune_service_policies`), on `plies serve` or any other service. One the service will not
-delete stays, is left out of `removed`, and is tried again at the next prune.
+run's log), the same versions are kept and the others are deleted through the API, on
+`plies serve` or any other service. One the service will not delete stays, is left out of
+`removed`, and is tried again at the next prune.
+
+`retain` is the one entry: it prunes where the policies are, as their URIs say.
 """
 
 from __future__ import annotations
@@ -33,24 +35,75 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from plies import PolicyRef, TrainingError
+from plies import ConfigError, PolicyRef, TrainingError
 from plies._durable import fsync_dir, write_atomic
-from plies.training import TinkerTrainingClient
+from plies.policy._paths import policy_path
 
 __all__ = [
     "RETENTION_FILE",
+    "DeletesPolicies",
     "kept_versions",
-    "prune_policies",
-    "prune_service_policies",
     "removed_versions",
+    "retain",
 ]
 
 RETENTION_FILE = "retention.json"
 _POLICY_FILE = "policy.json"
 """What marks a published version's directory (the policy store's own marker)."""
+
+
+@runtime_checkable
+class DeletesPolicies(Protocol):
+    """A trainer whose service keeps the policies it publishes and deletes them on request
+    (`TinkerTrainingClient`)."""
+
+    async def delete_policy(self, policy: PolicyRef) -> None: ...
+
+
+async def retain(
+    out: Path,
+    published: Sequence[PolicyRef],
+    *,
+    trainer: object,
+    warm: int | None,
+    keep: int | None,
+    max_staleness: int | None,
+) -> tuple[list[int], list[str]]:
+    """Apply `keep` to the policies a run published, where they are kept; return the
+    versions removed and, for each the service would not delete, why (it stays, and is
+    tried again at the next call).
+
+    `published`: every policy the run's log names, and one just published. Policies with
+    `file://` URIs are a `plies serve` store's on this disk: the store's whole directory is
+    pruned (a version published but never logged, cut off by a crash, goes too). Others are
+    deleted through `trainer`, which must then delete policies (`DeletesPolicies`). Writes
+    `out/retention.json` (also when nothing was removed, so that it names the policy).
+
+    Raises:
+        ConfigError: `keep` is set, the policies are not on this disk, and `trainer` cannot
+            delete them.
+    """
+    if not published:
+        return [], []
+    newest = max(published, key=lambda p: p.version)
+    if newest.uri.startswith("file:"):
+        root = policy_path(newest).parent
+        return _prune_store(out, root, warm=warm, keep=keep, max_staleness=max_staleness), []
+    if isinstance(trainer, DeletesPolicies):
+        return await _prune_service(
+            out, trainer, published, warm=warm, keep=keep, max_staleness=max_staleness
+        )
+    if keep is not None:
+        raise ConfigError(
+            f"keep_policies={keep}: the run's policies ({newest.uri}) are kept by a service, "
+            f"and {type(trainer).__name__} cannot delete them; keep them all (None)"
+        )
+    _record(out, keep, {p.version for p in published}, [])
+    return [], []
 
 
 def kept_versions(
@@ -86,7 +139,7 @@ def removed_versions(out: Path) -> set[int]:
     return {v for v in removed or [] if isinstance(v, int)}
 
 
-def prune_policies(
+def _prune_store(
     out: Path,
     root: Path,
     *,
@@ -95,10 +148,7 @@ def prune_policies(
     max_staleness: int | None,
 ) -> list[int]:
     """Remove from `root` (a `plies serve` state directory's `policies/`) the published
-    policies `kept_versions` does not keep; return those removed.
-
-    Writes `out/retention.json` (also when nothing was removed, so that it names the policy).
-    """
+    policies `kept_versions` does not keep; return those removed."""
     if not root.is_dir():  # nothing published there yet
         return []
     published = sorted(
@@ -115,22 +165,17 @@ def prune_policies(
     return gone
 
 
-async def prune_service_policies(
+async def _prune_service(
     out: Path,
-    trainer: TinkerTrainingClient,
-    published: list[PolicyRef],
+    trainer: DeletesPolicies,
+    published: Sequence[PolicyRef],
     *,
     warm: int | None,
     keep: int | None,
     max_staleness: int | None,
 ) -> tuple[list[int], list[str]]:
-    """Delete on the service the sampler weights of the `published` policies (those the
-    run's log names) that `kept_versions` does not keep; return the versions removed and,
-    for each the service would not delete, why (it stays, and is tried again next time).
-
-    Writes `retention.json` as `prune_policies` does. The base model (not sampler weights)
-    is never deleted.
-    """
+    """Delete on the service the sampler weights of the `published` policies that
+    `kept_versions` does not keep. The base model (not sampler weights) is never deleted."""
     gone_before = removed_versions(out)
     by_version = {p.version: p for p in published if p.version not in gone_before}
     kept = kept_versions(sorted(by_version), warm=warm, keep=keep, max_staleness=max_staleness)

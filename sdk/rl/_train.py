@@ -11,6 +11,7 @@ The run directory (docs/rl.md has the whole schema):
   held-out tasks: the evaluations before and after, and the paired improvement);
 - `learning_curve.png`: the held-out evaluations by step (with held-out tasks), redrawn as
   each call ends;
+- `retention.json`: the published policies kept and removed (with `keep_policies`);
 - `quarantine.json`: envs the pool gave up on, if any.
 """
 
@@ -39,6 +40,7 @@ from ._curve import plot_curve
 from ._evaluate import evaluate
 from ._grpo import Episode, GRPOConfig, Interrupted, Run, finished, grpo
 from ._progress import RunProgress
+from ._retention import retain
 from ._runlog import RunLog
 from ._stats import ci95, paired_improvement
 
@@ -154,6 +156,7 @@ async def train(
     held_out: Sequence[Task] = (),
     eval_every: int = 0,
     eval_concurrency: int = 64,
+    keep_policies: int | None = None,
     console: Console | None = None,
 ) -> PolicyRef:
     """Train `policy` with GRPO on `tasks`, in the run directory `out`; resume what is there.
@@ -174,6 +177,11 @@ async def train(
             the same tasks both times, so `summary.json` pairs them up task by task.
         eval_every: also evaluate on `held_out` after every this many steps (`curve`
             evaluations), for the learning curve; 0: before and after only.
+        keep_policies: keep only this many of the newest published policies, besides
+            `policy` and the versions groups in flight may sample from (`plies.rl.retain`:
+            from a `plies serve` store on this disk, or through a trainer that deletes
+            them, as on the Tinker API); None keeps every one. Not part of the run's
+            settings: it changes what stays on disk, not what the run computes.
 
     Returns:
         The newest policy: the last step's (this call's or an earlier one's), or `policy`
@@ -181,7 +189,9 @@ async def train(
 
     Raises:
         ConfigError: `out` holds another run (`claim_run_dir`) or a damaged log;
-            `eval_every` is negative or set without `held_out`; or the run has logged steps
+            `eval_every` is negative or set without `held_out`; `keep_policies` is below 1,
+            or set where the policies can be neither found on disk nor deleted through
+            `trainer`; or the run has logged steps
             and `trainer` holds fewer (it was not opened from the run's weights: a Tinker
             trainer resumes with `resume_from=last_policy(out)`).
     """
@@ -190,6 +200,11 @@ async def train(
     if not isinstance(eval_every, int) or eval_every < 0 or (eval_every and not held_out):
         raise ConfigError(
             f"eval_every is {eval_every!r}: an integer >= 0, and above 0 only with held_out tasks"
+        )
+    if keep_policies is not None and (not isinstance(keep_policies, int) or keep_policies < 1):
+        raise ConfigError(
+            f"keep_policies is {keep_policies!r}: at least 1 (the newest, which a resume "
+            "needs), or None to keep every policy"
         )
     settings = asdict(config) | ({"held_out": [t.id for t in held_out]} if held_out else {})
     settings |= {"eval_every": eval_every} if eval_every else {}
@@ -220,8 +235,23 @@ async def train(
         console.print(f"[bold]resuming[/] the run in {out}")
     started = time.monotonic()
 
+    async def prune(newest: PolicyRef | None, *, sampling: bool) -> None:
+        """Apply `keep_policies`; while sampling, groups in flight may still sample from the
+        newest `max_staleness + 1` versions, so those stay too."""
+        if keep_policies is None:
+            return
+        logged = [PolicyRef.model_validate(r["policy"]) for r in log.all("step")]
+        _, failures = await retain(
+            out, [start, *logged, *([newest] if newest else [])], trainer=trainer,
+            warm=start.version, keep=keep_policies,
+            max_staleness=config.max_staleness if sampling else None,
+        )  # fmt: skip
+        for why in failures:
+            console.print(f"[yellow]retention[/]: {why}; it is tried again later")
+
     async def serve(new: PolicyRef) -> None:
         await publish(new, [sampler])
+        await prune(new, sampling=True)
 
     async def curve(step: int, new: PolicyRef) -> None:
         if eval_every and step % eval_every == 0:
@@ -255,6 +285,8 @@ async def train(
                         run, policy, held_out, label="final", step=len(log.all("step")),
                         concurrency=eval_concurrency,
                     )  # fmt: skip
+                if finished(log, config):
+                    await prune(None, sampling=False)
     except Interrupted:
         console.print(RESUME_HINT)
     except anyio.get_cancelled_exc_class():

@@ -45,6 +45,15 @@ def test_example_warm_starts_trains_and_evaluates(tmp_path):
     assert math.isfinite(summary["final_return"]), summary
     assert "warm start: return" in done.stdout and "after GRPO: return" in done.stdout
     groups = read_groups(out / "grpo" / "groups.jsonl")
+    # keep_policies=1: the base, the warm start (GRPO's start, which sampled the first groups)
+    # and the newest stay; the rest are gone from the server's store, and recorded as such.
+    warm = min(t.turns[0].policy.version for g in groups.records for t in g.trajectories)
+    kept = [0, warm, steps[-1]["policy"]["version"]]
+    retention = json.loads((out / "grpo" / "retention.json").read_text())
+    removed = list(range(warm + 1, kept[2]))
+    assert retention == {"keep_policies": 1, "kept": kept, "removed": removed}
+    store = out / "server" / "policies"
+    assert sorted(int(p.name) for p in store.iterdir() if p.name.isdigit()) == kept
     assert groups.clean and groups.records
     assert all(len(g.trajectories) == 4 for g in groups.records)  # the smoke group size
 

@@ -118,3 +118,16 @@ def test_remove_run_dir_removes_a_run_and_nothing_that_is_not_one(tmp_path):
         remove_run_dir(tmp_path / "f")
     assert (mine / "notes.txt").read_text() == "not a run"
     assert (tmp_path / "f").read_text() == "a file"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("keep", [0, -1, 1.5])
+async def test_keep_policies_below_one_is_refused_before_any_work(tmp_path, keep):
+    with pytest.raises(ConfigError, match=f"keep_policies is {keep!r}: at least 1"):
+        await train(
+            tmp_path / "run", GRPOConfig(steps=1), tasks=lambda i: Task(id=str(i)),
+            env=BlackjackEnv, play=lambda ctx: ctx, trainer=TrainingClient(closed_url()),
+            sampler=VLLMClient(closed_url(), "m"), policy=PolicyRef(uri="base", version=0),
+            interrupts=Interrupts(), keep_policies=keep,
+        )  # fmt: skip
+    assert not (tmp_path / "run").exists()

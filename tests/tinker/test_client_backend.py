@@ -54,7 +54,7 @@ from plies.policy import (
     TinkerPolicyClient,
     publish,
 )
-from plies.rl import RunLog, prune_service_policies
+from plies.rl import RunLog, retain
 from plies.rl._retention import RETENTION_FILE, removed_versions
 from plies.rl._train import claim_run_dir
 from plies.runtime import Interrupts
@@ -240,8 +240,8 @@ async def test_the_demo_retention_deletes_what_it_does_not_keep_and_records_a_re
     async with tinker_client(served.url) as trainer:
         published = [await trainer.save_policy() for _ in range(5)]  # v1 .. v5
         await trainer.delete_policy(published[1])  # v2 gone behind the run's back
-        removed, failures = await prune_service_policies(
-            tmp_path, trainer, published, warm=1, keep=1, max_staleness=None
+        removed, failures = await retain(
+            tmp_path, published, trainer=trainer, warm=1, keep=1, max_staleness=None
         )
         assert removed == [3, 4]
         assert len(failures) == 1 and published[1].uri in failures[0]
@@ -249,8 +249,8 @@ async def test_the_demo_retention_deletes_what_it_does_not_keep_and_records_a_re
         assert json.loads((tmp_path / RETENTION_FILE).read_text()) == {
             "keep_policies": 1, "kept": [1, 2, 5], "removed": [3, 4],
         }  # fmt: skip
-        again, _ = await prune_service_policies(
-            tmp_path, trainer, published, warm=1, keep=1, max_staleness=None
+        again, _ = await retain(
+            tmp_path, published, trainer=trainer, warm=1, keep=1, max_staleness=None
         )
         assert again == [] and removed_versions(tmp_path) == {3, 4}
     rest = tinker.RestClient(base_url=served.url, api_key=KEY)

@@ -33,7 +33,7 @@ Modules: `config` (budgets, seeds, prompt), `warm_start`,
 `run` (servers, clients, pools, and the phases in order), `trainers` (`--trainer native` or
 `tinker`: plies' own wire, or the Tinker API's training and sampling clients). The run log,
 the live display, the GRPO loop and which published policies stay on disk (`--keep-policies`,
-`prune_policies`) are `plies.rl`'s.
+`retain`) are `plies.rl`'s.
 
 Resuming: everything that matters is in DIR. Completed groups are fsynced to
 `groups.jsonl` before training sees them; each step is announced in `metrics.jsonl`

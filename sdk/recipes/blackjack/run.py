@@ -104,7 +104,7 @@ def main(
     `trainer="tinker"` trains and samples through the Tinker API: on `tinker_url` (or
     `TINKER_BASE_URL`, with `TINKER_API_KEY`), else on the embedded server's (`trainers`).
     `sampler`: how the embedded server decodes (`config.SamplerName`).
-    `keep_policies`: the newest GRPO policies kept on disk (None: all; `plies.rl.prune_policies`).
+    `keep_policies`: the newest GRPO policies kept on disk (None: all; `plies.rl.retain`).
     `settings`: `FIELD=VALUE`s changing the budget's numbers (`config.budget_with`).
     `fresh`: remove the run already in `out` and start over.
 
@@ -249,7 +249,6 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
             console=console,
             interrupts=interrupts,
             progress=progress,
-            policy_service=clients.policy_service,
         )
         try:
             await _phases(state)

@@ -11,10 +11,10 @@ from rich.console import Console
 from plies import PolicyRef
 from plies.harness import ToolCallingHarness
 from plies.policy import TinkerPolicyClient, VLLMClient, publish
-from plies.rl import Interrupted, Run, RunLog, RunProgress, prune_policies, prune_service_policies
+from plies.rl import Interrupted, Run, RunLog, RunProgress, retain
 from plies.runtime import Interrupts, RolloutResources
 from plies.tokens import ChatRenderer
-from plies.training import TinkerTrainingClient, Trainer
+from plies.training import Trainer
 
 from .config import MAX_STALENESS, Budget, DemoConfig
 
@@ -49,8 +49,6 @@ class RunState:
     interrupts: Interrupts
     progress: RunProgress
     """The one live display of the run's phases (on a terminal; lines in a log)."""
-    policy_service: TinkerTrainingClient | None = None
-    """Where the service keeps the run's policies (`Clients.policy_service`)."""
 
     @property
     def budget(self) -> Budget:
@@ -80,29 +78,17 @@ class RunState:
         await publish(policy, [self.client])
         await self.prune(sampling=True, newest=policy)
 
-    async def prune(self, *, sampling: bool, newest: PolicyRef | None = None) -> list[int]:
+    async def prune(self, *, sampling: bool, newest: PolicyRef | None = None) -> None:
         """Apply `--keep-policies` to the published policies; `sampling`: groups may still
         be sampled from the newest `MAX_STALENESS + 1` versions, so those stay too.
         `newest`: a policy just published, not yet in the log."""
         warm = self.log.last("warm_start")
-        warm_version = None if warm is None else warm["policy"]["version"]
-        keep = self.config.keep_policies
-        staleness = MAX_STALENESS if sampling else None
-        if self.policy_service is None:
-            root = self.out / "server" / "policies"  # where the embedded `plies serve` publishes
-            return prune_policies(
-                self.out, root, warm=warm_version, keep=keep, max_staleness=staleness
-            )
         logged = [r["policy"] for kind in ("warm_start", "step") for r in self.log.all(kind)]
         published = [PolicyRef.model_validate(p) for p in logged] + ([newest] if newest else [])
-        removed, failures = await prune_service_policies(
-            self.out,
-            self.policy_service,
-            published,
-            warm=warm_version,
-            keep=keep,
-            max_staleness=staleness,
-        )
+        _, failures = await retain(
+            self.out, published, trainer=self.trainer,
+            warm=None if warm is None else warm["policy"]["version"],
+            keep=self.config.keep_policies, max_staleness=MAX_STALENESS if sampling else None,
+        )  # fmt: skip
         for why in failures:
             self.console.print(f"[yellow]retention[/]: {why}; it is tried again later")
-        return removed

@@ -49,15 +49,11 @@ LOCAL_KEY = "tml-local"
 
 @dataclass(frozen=True, slots=True)
 class Clients:
-    """The run's trainer and sampler, the policy it starts from (the base model), and where
-    its policies are kept."""
+    """The run's trainer and sampler, and the policy it starts from (the base model)."""
 
     trainer: Trainer
     sampler: VLLMClient | TinkerPolicyClient
     base: PolicyRef
-    policy_service: TinkerTrainingClient | None = None
-    """The client that deletes policies the service keeps (Tinker); None when the embedded
-    `plies serve` writes them under the run directory, where the run removes them itself."""
 
 
 async def open_clients(
@@ -105,4 +101,4 @@ async def open_clients(
         )
     except (TrainingError, PolicyError) as exc:  # a wrong URL or key: one line at the CLI
         raise ConfigError(f"--trainer tinker: {exc}") from exc
-    return Clients(trainer, sampler, sampler.base, policy_service=trainer)
+    return Clients(trainer, sampler, sampler.base)
