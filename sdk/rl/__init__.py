@@ -5,10 +5,10 @@ episode (`ToolCallingHarness.play` or an agent harness's), a trainer and a sampl
 trains in a run directory that the same call resumes after Ctrl-C or a crash (a trainer that
 keeps no weights between sessions, as on the Tinker API, is opened from `last_policy(out)`).
 Recipes that own more of the run (a warm start, evaluations, a report) call `grpo` with their
-own `Run`, and use what such a run needs besides: a held-out evaluation's mean and 95%
-interval (`mean_stderr`, `ci95`) and the paired comparison of two (`paired_improvement`), the
-learning curve of its evaluations (`plot_curve`), and pruning the policies a run published
-(`retain`, wherever they are kept).
+own `Run` (its log opened and timed by `run_session`), and use what such a run needs besides:
+a held-out evaluation's mean and 95% interval (`mean_stderr`, `ci95`) and the paired
+comparison of two (`paired_improvement`), the learning curve of its evaluations
+(`plot_curve`), and pruning the policies a run published (`retain`, wherever they are kept).
 docs/rl.md describes the loop and the run directory's schema.
 """
 
@@ -27,6 +27,7 @@ from ._grpo import train_on as train_on
 from ._progress import RunProgress as RunProgress
 from ._retention import retain as retain
 from ._runlog import RunLog as RunLog
+from ._session import run_session as run_session
 from ._stats import Z95 as Z95
 from ._stats import ci95 as ci95
 from ._stats import mean_stderr as mean_stderr
@@ -59,6 +60,7 @@ __all__ = [
     "plot_curve",
     "remove_run_dir",
     "retain",
+    "run_session",
     "train",
     "train_on",
     "train_step",

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import anyio
 from rich.console import Console
 
 from plies import ConfigError, PolicyRef
@@ -38,14 +36,14 @@ from plies.training import Trainer
 
 from ._curve import plot_curve
 from ._evaluate import evaluate
-from ._grpo import Episode, GRPOConfig, Interrupted, Run, finished, grpo
+from ._grpo import Episode, GRPOConfig, Run, finished, grpo
 from ._progress import RunProgress
 from ._retention import retain
 from ._runlog import RunLog
+from ._session import run_session
 from ._stats import ci95, paired_improvement
 
 __all__ = [
-    "RESUME_HINT",
     "RUN_SCHEMA",
     "claim_run_dir",
     "last_policy",
@@ -56,9 +54,6 @@ __all__ = [
 
 RUN_SCHEMA = 1
 """The version of the run directory's layout, recorded in `run.json` as `schema`."""
-
-RESUME_HINT = "[yellow]interrupted[/]: run the same command again to resume"
-"""What a run says when Ctrl-C stopped it."""
 
 
 def claim_run_dir(out: Path, kind: str, settings: dict[str, Any]) -> bool:
@@ -209,31 +204,20 @@ async def train(
     settings = asdict(config) | ({"held_out": [t.id for t in held_out]} if held_out else {})
     settings |= {"eval_every": eval_every} if eval_every else {}
     resuming = claim_run_dir(out, "grpo", settings)
-    log = RunLog(out / "metrics.jsonl")
-    if log.torn_tail is not None:
-        console.print(
-            f"[yellow]metrics.jsonl[/]: line {log.torn_tail.line} was cut off by a crash "
-            "(the event it began did not complete); removed"
-        )
     start = policy
-    steps = log.all("step")
-    if steps:
+    steps = [r for r in read_jsonl(out / "metrics.jsonl").records if r.get("kind") == "step"]
+    if steps:  # checked before the log is opened: a refused call writes nothing
         policy = PolicyRef.model_validate(steps[-1]["policy"])
-        try:
-            held = (await trainer.state()).step
-            if held < len(steps):
-                raise ConfigError(
-                    f"the run in {out} took {len(steps)} GRPO steps, and the trainer holds "
-                    f"{held}: it does not hold the run's weights, and training it would mix "
-                    "them with another's; open it from the run's last policy "
-                    "(TinkerTrainingClient(..., resume_from=plies.rl.last_policy(out)))"
-                )
-        except BaseException:
-            log.close()
-            raise
+        held = (await trainer.state()).step
+        if held < len(steps):
+            raise ConfigError(
+                f"the run in {out} took {len(steps)} GRPO steps, and the trainer holds "
+                f"{held}: it does not hold the run's weights, and training it would mix "
+                "them with another's; open it from the run's last policy "
+                "(TinkerTrainingClient(..., resume_from=plies.rl.last_policy(out)))"
+            )
     if resuming:
         console.print(f"[bold]resuming[/] the run in {out}")
-    started = time.monotonic()
 
     async def prune(newest: PolicyRef | None, *, sampling: bool) -> None:
         """Apply `keep_policies`; while sampling, groups in flight may still sample from the
@@ -260,7 +244,7 @@ async def train(
             )
 
     limit = max(config.group_size * config.groups_in_flight, eval_concurrency * bool(held_out))
-    try:
+    with run_session(out, console, interrupts) as log:
         async with RolloutResources(
             sampler=sampler,
             pools=[EnvPool(_factory(env), limit=limit)],
@@ -287,15 +271,6 @@ async def train(
                     )  # fmt: skip
                 if finished(log, config):
                     await prune(None, sampling=False)
-    except Interrupted:
-        console.print(RESUME_HINT)
-    except anyio.get_cancelled_exc_class():
-        if interrupts.count:  # Ctrl-C with no episodes to drain stops at once
-            console.print(RESUME_HINT)
-        raise
-    finally:
-        log.write("session", seconds=time.monotonic() - started)
-        log.close()
     steps = log.all("step")
     newest = PolicyRef.model_validate(steps[-1]["policy"]) if steps else policy
     write_atomic(out / "summary.json", json.dumps(summary(log, config, newest), indent=2).encode())

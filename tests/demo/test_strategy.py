@@ -135,10 +135,13 @@ def test_the_summary_holds_paired_intervals_and_the_grid_and_draws_both_figures(
     after = [-1.0, 1.0, 1.0, 0.0, 1.0, 1.0, -1.0, -1.0]
     log.write("eval", **_eval("warm_start", 0, before, [[16, 10, False, False]] * 8))
     log.write("eval", **_eval("final", 3, after, [[16, 10, False, True], [20, 5, False, False]]))
+    log.write("session", seconds=50.0)
+    log.write("session", seconds=70.0)  # a resumed run: its minutes are every session's
     log.close()
     summary = write_summary(
-        DemoConfig(out=tmp_path, budget="smoke"), RunLog(tmp_path / "metrics.jsonl"), 60.0
+        DemoConfig(out=tmp_path, budget="smoke"), RunLog(tmp_path / "metrics.jsonl")
     )
+    assert summary["minutes"] == 2.0
     assert summary["final_return"] == pytest.approx(0.125)
     low, high = summary["final_ci95"]
     assert low < 0.125 < high and high - low == pytest.approx(
@@ -171,7 +174,7 @@ def test_the_headline_is_each_policy_priced_exactly_beside_the_deals_own_luck(tm
     log.write("eval", **final)
     log.close()
     summary = write_summary(
-        DemoConfig(out=tmp_path, budget="smoke"), RunLog(tmp_path / "metrics.jsonl"), 60.0
+        DemoConfig(out=tmp_path, budget="smoke"), RunLog(tmp_path / "metrics.jsonl")
     )
     coin = {(16, 10, False): 0.0}
     before = expected_return(lambda t, u, s: coin.get((t, u, s), 0.5))

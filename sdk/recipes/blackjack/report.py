@@ -54,8 +54,8 @@ def _eval_interval(record: dict[str, Any] | None) -> list[float] | None:
     return None if record is None else ci95(record["return"], record.get("stderr", math.nan))
 
 
-def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, Any]:
-    """Write `summary.json`, the learning curve and the strategy grid; `seconds`: wall time."""
+def write_summary(config: DemoConfig, log: RunLog) -> dict[str, Any]:
+    """Write `summary.json`, the learning curve and the strategy grid."""
     evals = log.all("eval")
     warm = next((e for e in evals if e["label"] == "warm_start"), None)
     final = next((e for e in evals if e["label"] == "final"), None)
@@ -92,7 +92,7 @@ def write_summary(config: DemoConfig, log: RunLog, seconds: float) -> dict[str, 
             "warm_start": warm["stand_rate"] if warm else None,
             "final": final["stand_rate"] if final else None,
         },
-        "minutes": round(seconds / 60, 2),
+        "minutes": round(sum(r["seconds"] for r in log.all("session")) / 60, 2),
         "policies": len(
             {s["policy"]["version"] for s in steps}
             | ({warm_start["policy"]["version"]} if warm_start else set())

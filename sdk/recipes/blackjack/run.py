@@ -33,8 +33,7 @@ from plies.environments import (
     SandboxedBlackjackEnv,
 )
 from plies.policy import SeededPolicy
-from plies.rl import RUN_SCHEMA, Interrupted, RunLog, RunProgress, remove_run_dir
-from plies.rl._train import RESUME_HINT
+from plies.rl import RUN_SCHEMA, RunLog, RunProgress, remove_run_dir, run_session
 from plies.runtime import EnvPool, Interrupts, RolloutResources, run
 from plies.testing import plies_command, serve_process, tiny_model_dir
 from plies.tokens import ChatRenderer
@@ -191,28 +190,27 @@ def _claim_run_dir(config: DemoConfig, console: Console) -> None:
 
 
 async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
+    console = Console(stderr=True, soft_wrap=True)  # a log keeps each line whole
+    with run_session(config.out, console, interrupts) as log:
+        await _open_and_run(config, log, console, interrupts)
+    print_result(console, write_summary(config, log), config.out)
+
+
+async def _open_and_run(
+    config: DemoConfig, log: RunLog, console: Console, interrupts: Interrupts
+) -> None:
+    """Open the servers, clients and pools on one exit stack, then run the phases."""
     from transformers import AutoTokenizer  # heavy: loaded once the options are known good
 
-    console = Console(stderr=True, soft_wrap=True)  # a log keeps each line whole
     budget = config.plan
     out = config.out
-    started = time.monotonic()
     progress = RunProgress(console)
-    log = RunLog(out / "metrics.jsonl")
-    if log.torn_tail is not None:
-        console.print(
-            f"[yellow]metrics.jsonl[/]: line {log.torn_tail.line} was cut off by a crash "
-            "(the event it began did not complete); removed"
-        )
-    elapsed_before = sum(r.get("seconds", 0.0) for r in log.all("session"))
-
     model_dir = await anyio.to_thread.run_sync(tiny_model_dir)
     tokenizer = await anyio.to_thread.run_sync(AutoTokenizer.from_pretrained, model_dir)
     renderer = ChatRenderer(tokenizer, template_kwargs=dict(TEMPLATE_KWARGS))
 
     invariant = config.sampler == "batch-invariant"
     async with AsyncExitStack() as stack:
-        stack.callback(log.close)
         stack.enter_context(progress)
         clients = await open_clients(
             config,
@@ -250,18 +248,7 @@ async def _job(config: DemoConfig, interrupts: Interrupts) -> None:
             interrupts=interrupts,
             progress=progress,
         )
-        try:
-            await _phases(state)
-        except Interrupted:
-            console.print(RESUME_HINT)
-        except anyio.get_cancelled_exc_class():
-            if interrupts.count:  # Ctrl-C with no episodes to drain stops the job at once
-                console.print(RESUME_HINT)
-            raise
-        finally:
-            log.write("session", seconds=time.monotonic() - started)
-    summary = write_summary(config, log, elapsed_before + time.monotonic() - started)
-    print_result(console, summary, out)
+        await _phases(state)
 
 
 async def _env_factory(config: DemoConfig, stack: AsyncExitStack) -> EnvFactory:
