@@ -1,5 +1,4 @@
-"""What the demo tests read back from a run: its metrics records, and a bounded wait; and the
-cheaper warm start the Ctrl-C tests run with."""
+"""What the demo tests read back from a run: its metrics records, and a bounded wait."""
 
 from __future__ import annotations
 
@@ -8,15 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-WARM = {"warm_steps": 60, "warm_batch": 4}
-"""A cheaper warm start than the smoke budget's 100 steps of 8, for the tests of Ctrl-C and
-resume, which test the run's bookkeeping, not the warm start (on the Tinker API, where each
-forward_backward runs the output layer over whole sequences, the smoke one took 747 s of a
-CI run). Short enough to matter, long enough that GRPO still has groups that differ: with 25
-steps of 8 every answer was ill-formed, no group differed and no GRPO step ran."""
-WARM_ARGS = tuple(arg for field, value in WARM.items() for arg in ("--set", f"{field}={value}"))
-"""`WARM` as `plies demo blackjack` options."""
 
 
 def records(out: Path, kind: str) -> list[dict]:

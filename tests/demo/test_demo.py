@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import smoke_run
-from demo_runs import WARM, WARM_ARGS, records, wait
+from demo_runs import records, wait
 
 from plies.environments.blackjack_exact import REFERENCES, expected_return, on_deals, price_record
 from plies.recipes.blackjack import BUDGETS
@@ -142,7 +142,7 @@ def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
     that curve point before it trains on."""
     out = tmp_path / "run"
     # The curve's evaluation on 200 hands takes a few seconds: time for Ctrl-C to land in it.
-    longer_curve = ("--set", "curve_hands=200", *WARM_ARGS)
+    longer_curve = ("--set", "curve_hands=200")
     proc = demo(out, *longer_curve)
     deadline = time.monotonic() + 900
 
@@ -236,7 +236,7 @@ def _warm_step(op_id: str) -> int:
 @pytest.mark.timeout(1300)  # the waits below bound it; the default 300 s cannot
 def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_applied_step(tmp_path):
     out = tmp_path / "run"
-    proc = demo(out, *WARM_ARGS)
+    proc = demo(out)
     deadline = time.monotonic() + 900
 
     def optim_steps() -> list[dict]:
@@ -255,7 +255,7 @@ def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_applied_st
     current = out / "server" / "trainer" / "checkpoints" / "CURRENT"
     checkpointed = int(current.read_text()) if current.exists() else 0
 
-    rc = wait(demo(out, *WARM_ARGS), out, 900)
+    rc = wait(demo(out), out, 900)
     log = (tmp_path / "run.log").read_text(errors="replace")
     assert rc == 0, log[-3000:]
     if checkpointed < done:  # the steps since the trainer's checkpoint were redone, not lost
@@ -269,7 +269,7 @@ def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_applied_st
     assert warm_ops and min(_warm_step(op) for op in warm_ops if op != "warm-save") == done
     # ...and every warm-start step was applied exactly once across both runs.
     opts = [r["op_id"] for r in optim_steps() if r["op_id"].startswith("warm-")]
-    assert opts == [f"warm-{k}-opt" for k in range(WARM["warm_steps"])]
+    assert opts == [f"warm-{k}-opt" for k in range(BUDGETS["smoke"].warm_steps)]
     assert json.loads((out / "summary.json").read_text())["complete"]
 
 

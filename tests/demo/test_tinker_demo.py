@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from demo_runs import WARM, WARM_ARGS, records, wait
+from demo_runs import records, wait
 
 from plies import PolicyRef
 from plies.recipes.blackjack import BUDGETS
@@ -36,7 +36,7 @@ for _var in ("TINKER_BASE_URL", "TINKER_API_KEY"):  # the embedded server, not o
 def demo(out: Path) -> subprocess.Popen:
     log = (out.parent / f"{out.name}.log").open("ab")
     argv = [*DEMO, "--out", str(out), "--budget", "smoke", "--trainer", "tinker"]
-    argv += ["--keep-policies", "1", *WARM_ARGS]
+    argv += ["--keep-policies", "1"]
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
 
 
@@ -96,7 +96,7 @@ def test_ctrl_c_then_resume_on_tinker_applies_every_step_once(tmp_path):
     # Every step applied exactly once along the run: the warm start and the steps logged
     # before Ctrl-C on the first model, the rest on the second; none repeated, none extra.
     trained = lambda steps: sum(s.get("loss") is not None for s in steps)  # noqa: E731
-    assert len(applied(first_ops, "optim_step")) == WARM["warm_steps"] + trained(before)
+    assert len(applied(first_ops, "optim_step")) == BUDGETS["smoke"].warm_steps + trained(before)
     assert len(applied(second_ops, "optim_step")) == trained(after[len(before) :])
 
     # --keep-policies 1: the warm start's policy and the newest stay on the service; the

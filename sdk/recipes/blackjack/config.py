@@ -237,7 +237,7 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
             eval_hands=500, curve_every=5, curve_hands=200,
         ),
         "smoke": Budget(
-            warm_hands=256, warm_steps=100, warm_batch=8, warm_lr=3e-2,
+            warm_hands=256, warm_steps=60, warm_batch=4, warm_lr=3e-2,
             grpo_steps=3, groups_per_step=2, group_size=4, lr=1e-2,
             eval_hands=32, curve_every=2, curve_hands=16, eval_concurrency=16,
         ),
