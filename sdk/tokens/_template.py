@@ -83,7 +83,9 @@ class Template:
     a control token (transformers' `mark_control_tokens`: the tokenizer's special tokens and
     the added tokens the template writes), so the rendered text carries the marks, and
     `encode` tokenizes a marked token as the characters it is made of. Marking is per
-    string, so the incremental step marks only its own messages: O(new content).
+    string, so the incremental step marks only its own messages: the tools and template
+    variables belong to the key and are marked once, here (an agent's tool schemas run to
+    tens of kilobytes, and every turn renders them).
     """
 
     def __init__(
@@ -111,6 +113,9 @@ class Template:
         )
         self._backend: Any = getattr(tokenizer, "backend_tokenizer", None) if fast else None
         self._control = _control_tokens(tokenizer, self.text)
+        # Marked once: transformers copies what the template sees, so these are never changed.
+        self._marked_tools = mark_control_tokens(tools, self._control)
+        self._marked_kwargs = mark_control_tokens(template_kwargs, self._control)
 
     def render(self, messages: Sequence[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
         """Token ids of `messages`, as `apply_chat_template` gives them (control tokens in
@@ -174,12 +179,12 @@ class Template:
         try:
             return self.tokenizer.apply_chat_template(
                 [mark_control_tokens(dict(m), marks) for m in messages],
-                tools=mark_control_tokens(self.tools, marks),
+                tools=self._marked_tools,
                 chat_template=self.text,
                 add_generation_prompt=generation_prompt,
                 tokenize=False,
                 return_dict=False,
-                **mark_control_tokens(self.kwargs, marks),
+                **self._marked_kwargs,
             )
         except Exception as err:  # jinja, TypeError, template raise_exception: all one failure
             roles = ",".join(str(m.get("role")) for m in messages[-4:])
