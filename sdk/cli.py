@@ -250,6 +250,14 @@ def demo_blackjack(
             "(repeatable, e.g. --set lr=3e-3 --set grpo_steps=60); run.json records them.",
         ),
     ] = None,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="0 to 99: which training deals and warm-start transcripts the run draws "
+            "(runs with different seeds measure a budget's spread; the held-out deals are "
+            "the same)."
+        ),
+    ] = 0,
     fresh: Annotated[
         bool, typer.Option("--fresh", help="Remove the run already in --out and start over.")
     ] = False,
@@ -266,7 +274,7 @@ def demo_blackjack(
     try:
         code = main(
             out, budget=budget, env=env, sandbox=sandbox, trainer=trainer, tinker_url=tinker_url,
-            sampler=sampler, keep_policies=keep, settings=settings or (), fresh=fresh,
+            sampler=sampler, keep_policies=keep, settings=settings or (), seed=seed, fresh=fresh,
         )  # fmt: skip
     except PliesError as err:
         _demo_stopped(err)

@@ -16,7 +16,14 @@ from demo_runs import records, wait
 
 from plies.environments.blackjack_exact import REFERENCES, expected_return, on_deals, price_record
 from plies.recipes.blackjack import BUDGETS
-from plies.recipes.blackjack.config import DEFAULT_KEEP_POLICIES, EVAL_SEEDS
+from plies.recipes.blackjack.config import (
+    DEFAULT_KEEP_POLICIES,
+    EVAL_SEEDS,
+    RUN_SEEDS,
+    SEED_STRIDE,
+    TRAIN_SEEDS,
+)
+from plies.recipes.blackjack.grpo import train_tasks
 from plies.runtime import read_groups
 from plies.testing import plies_command
 
@@ -390,6 +397,37 @@ def test_keep_policies_takes_a_positive_number_or_all(tmp_path, value, said):
     assert done.returncode == 2 and said in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "run").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("value", ["100", "-1"])
+def test_a_seed_out_of_range_is_one_line_before_any_work(tmp_path, value):
+    done = _cli("--out", str(tmp_path / "run"), "--seed", value)
+    assert done.returncode == 2, done.stderr
+    assert f"--seed {value}: a whole number from 0 to 99" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_resumes_only_with_the_seed_it_was_made_with(tmp_path):
+    out = tmp_path / "run"
+    _made_run(out, "smoke")  # recorded before --seed existed: it drew seed 0's deals
+    saved = (out / "run.json").read_text()
+    done = _cli("--out", str(out), "--budget", "smoke", "--seed", "3")
+    assert done.returncode == 2, done.stderr
+    assert f"{out} holds a run made with --seed 0, not --seed 3" in done.stderr
+    assert (out / "run.json").read_text() == saved
+
+
+def test_each_seed_trains_on_deals_of_its_own_and_seed_0_on_the_recorded_ones():
+    assert (train_tasks(0)(5).id, train_tasks(0)(5).seed) == ("train-5", TRAIN_SEEDS + 5)
+    deals = {
+        seed: {train_tasks(seed)(i).seed for i in (0, 1, SEED_STRIDE - 1)}
+        for seed in range(RUN_SEEDS)
+    }
+    every = [d for seeds in deals.values() for d in seeds]
+    assert len(set(every)) == len(every)  # no deal shared between two seeds
+    assert max(every) < EVAL_SEEDS  # nor with the held-out deals
+    assert train_tasks(3)(5).id != train_tasks(0)(5).id  # and so other sampling seeds
 
 
 def test_keep_policies_defaults_to_the_recipes_default():

@@ -27,6 +27,12 @@ EVAL_SEEDS = 1_000_000_000
 WARM_SEEDS = 2_000_000_000
 """Disjoint seed ranges: training deals, held-out evaluation deals, warm-start transcripts."""
 
+RUN_SEEDS = 100
+SEED_STRIDE = 10_000_000
+"""A run's `--seed` S (0 to `RUN_SEEDS` - 1) shifts its training and warm-start deals by
+S * `SEED_STRIDE` within their ranges (and so the sampling seeds of their episodes, which
+their ids name); the held-out deals are the same for every seed, so runs compare on them."""
+
 MAX_STALENESS = 2
 """How many policy versions a trained group may lag behind the newest one.
 
@@ -186,9 +192,10 @@ def recorded_config(record: Mapping[str, Any]) -> dict[str, Any]:
     """A `run.json`'s options (`DemoConfig.key`), with `sampler` read from what it sampled by.
 
     A run recorded before `--sampler` existed was decoded batch-invariantly when its
-    `sampler` record says so (the demo's old default), so that is what resuming it needs.
+    `sampler` record says so (the demo's old default), so that is what resuming it needs;
+    one recorded before `--seed` drew the deals of seed 0.
     """
-    config = dict(record["config"])
+    config = {"seed": 0, **record["config"]}
     if "sampler" not in config:
         invariant = (record.get("sampler") or {}).get("batch_invariant") is True
         config["sampler"] = "batch-invariant" if invariant else "batched"
@@ -287,6 +294,9 @@ class DemoConfig:
     settings: tuple[str, ...] = ()
     """`--set FIELD=VALUE`s changing the budget's numbers (a research run); the numbers the
     run uses are `plan`, which run.json records and a resume must match."""
+    seed: int = 0
+    """Which training deals, warm-start transcripts and sampling seeds the run draws
+    (`RUN_SEEDS`): runs of one budget with different seeds measure its spread."""
     plan: Budget = field(init=False)
     """The budget with `settings` applied: what the run does. With `--trainer tinker`, top_p
     is 1 unless `--set` says otherwise (which is refused): the Tinker API's losses take each
@@ -326,6 +336,8 @@ class DemoConfig:
                 f"--keep-policies {self.keep_policies}: keep at least 1 (the newest, which a "
                 "resume needs), or 'all'"
             )
+        if not isinstance(self.seed, int) or not 0 <= self.seed < RUN_SEEDS:
+            raise ConfigError(f"--seed {self.seed!r}: a whole number from 0 to {RUN_SEEDS - 1}")
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"--out {self.out} is a file; name a run directory")
 
@@ -337,4 +349,5 @@ class DemoConfig:
             "sandbox": self.sandbox,
             "trainer": self.trainer,
             "sampler": self.sampler,
+            "seed": self.seed,
         }

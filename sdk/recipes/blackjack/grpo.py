@@ -8,6 +8,7 @@ plays it once (`deterministic`). `retrain` recomputes a logged step for `plies r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from plies import ConfigError, Group, PolicyRef, rl
@@ -16,7 +17,7 @@ from plies.policy._paths import policy_path
 from plies.rl import Shape, train_on
 from plies.training import Trainer
 
-from .config import TRAIN_SEEDS, Budget
+from .config import SEED_STRIDE, TRAIN_SEEDS, Budget
 from .contrast import DecisionTokens, decision_tokens, state_contrast
 from .evaluation import evaluate
 from .state import RunState
@@ -24,9 +25,11 @@ from .state import RunState
 __all__ = ["grpo", "retrain"]
 
 
-def train_task(index: int) -> Task:
-    """Group `index` of training: the deal seeded `TRAIN_SEEDS + index`."""
-    return Task(id=f"train-{index}", seed=TRAIN_SEEDS + index)
+def train_tasks(seed: int) -> Callable[[int], Task]:
+    """Group `i` of training for the run's `seed`: the deal seeded `TRAIN_SEEDS + seed *
+    SEED_STRIDE + i` (seed 0's ids are the ones runs before `--seed` recorded)."""
+    name = "train" if seed == 0 else f"train-s{seed}"
+    return lambda i: Task(id=f"{name}-{i}", seed=TRAIN_SEEDS + seed * SEED_STRIDE + i)
 
 
 def contrast(budget: Budget, decisions: DecisionTokens) -> Shape | None:
@@ -84,5 +87,11 @@ async def grpo(run: RunState, policy: PolicyRef) -> PolicyRef:
 
     shape = contrast(budget, decision_tokens(run.tokenizer))
     return await rl.grpo(
-        run.loop, policy, budget.grpo, train_task, deterministic=True, shape=shape, after_step=curve
+        run.loop,
+        policy,
+        budget.grpo,
+        train_tasks(run.config.seed),
+        deterministic=True,
+        shape=shape,
+        after_step=curve,
     )

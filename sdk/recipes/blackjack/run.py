@@ -96,6 +96,7 @@ def main(
     sampler: SamplerName = "batched",
     keep_policies: int | None = DEFAULT_KEEP_POLICIES,
     settings: Sequence[str] = (),
+    seed: int = 0,
     fresh: bool = False,
 ) -> int:
     """Run (or resume) the job in `out`; return the exit code (130 after Ctrl-C).
@@ -105,6 +106,7 @@ def main(
     `sampler`: how the embedded server decodes (`config.SamplerName`).
     `keep_policies`: the newest GRPO policies kept on disk (None: all; `plies.rl.retain`).
     `settings`: `FIELD=VALUE`s changing the budget's numbers (`config.budget_with`).
+    `seed`: which training deals and warm-start transcripts the run draws (`config.RUN_SEEDS`).
     `fresh`: remove the run already in `out` and start over.
 
     Raises:
@@ -121,6 +123,7 @@ def main(
         sampler=sampler,
         keep_policies=keep_policies,
         settings=tuple(settings),
+        seed=seed,
     )
     if config.sandbox == "e2b" and not os.environ.get("E2B_API_KEY"):
         # Without it the warm start would run and then every hand fail.
@@ -323,6 +326,7 @@ async def _warm_start(run: RunState) -> dict[str, Any]:
         budget.warm_hands,
         policy=run.base,
         players=budget.warm_players,
+        seed=run.config.seed,
     )
     with run.progress.phase("warm start", budget.warm_steps, completed=start) as phase:
 

@@ -13,7 +13,7 @@ from plies.rl import Metrics, train_step
 from plies.tokens import ChatRenderer
 from plies.training import Datum, Trainer, TrainingBatch
 
-from .config import SYSTEM_PROMPT, WARM_SEEDS, Budget, WarmPlayers
+from .config import SEED_STRIDE, SYSTEM_PROMPT, WARM_SEEDS, Budget, WarmPlayers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -44,12 +44,14 @@ async def transcripts(
     uniformly from 12 to 21), so the labels depend on the total but favour no threshold
     and ignore the dealer's card (see docs/research.md for what each did).
     Completions are the canonical tool-call ids; logprobs are 0 (the loss ignores them).
+    `seed`: the run's seed (`config.RUN_SEEDS`): which deals are played, and the players'
+    draws.
     """
     rng = random.Random(seed)
     calls = {name: _canonical(tool_call_ids(tokenizer, name), policy) for name in ("hit", "stand")}
     out = []
     for i in range(hands):
-        task = Task(id=f"warm-{i}", seed=WARM_SEEDS + i)
+        task = Task(id=f"warm-{i}", seed=WARM_SEEDS + seed * SEED_STRIDE + i)
         async with BlackjackEnv() as env:
             obs = await env.reset(task)
             opening = [{"role": "system", "content": SYSTEM_PROMPT}, *obs.messages]
