@@ -19,6 +19,8 @@
 The `openenv`, `e2b` and `mcp` packages are imported only when an env first needs them.
 """
 
+from plies._exports import name_after as _name_after
+
 from ._env import Env as Env
 from ._env import Observation as Observation
 from ._env import Task as Task
@@ -65,8 +67,4 @@ __all__ = [
     "tool",
 ]
 
-for _name in __all__:  # show `plies.environments.Task`, not the private module, in reprs
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("plies.environments._"):
-        _obj.__module__ = __name__
-del _name, _obj
+_name_after(__name__, globals())

@@ -29,6 +29,7 @@ from ._exceptions import TrainingGradientsLost as TrainingGradientsLost
 from ._exceptions import TrainingQuarantined as TrainingQuarantined
 from ._exceptions import TrajectoryError as TrajectoryError
 from ._exceptions import UsageError as UsageError
+from ._exports import name_after as _name_after
 from ._retry import RetryPolicy as RetryPolicy
 from .trajectory import Group as Group
 from .trajectory import PolicyRef as PolicyRef
@@ -70,6 +71,4 @@ __all__ = [
     "UsageError",
 ]
 
-for _name in __all__:
-    globals()[_name].__module__ = "plies"
-del _name
+_name_after(__name__, globals())

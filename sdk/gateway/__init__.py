@@ -13,6 +13,7 @@ turn's exact tokens and logprobs into the session's trajectory.
 `plies gateway` runs it standalone, until SIGINT or SIGTERM.
 """
 
+from .._exports import name_after as _name_after
 from ._app import create_app as create_app
 from ._gateway import Gateway as Gateway
 from ._server import GatewayServer as GatewayServer
@@ -25,8 +26,4 @@ __all__ = [
     "create_app",
 ]
 
-for _name in __all__:  # reprs and tracebacks name the package, not its private modules
-    _obj = globals()[_name]
-    if isinstance(_obj, type) or callable(_obj):
-        _obj.__module__ = __name__
-del _name, _obj
+_name_after(__name__, globals())

@@ -22,8 +22,7 @@ Logprob convention: each sampled token's logprob under the distribution it was d
 (logits / temperature, then top-k, then top-p), vLLM's `processed_logprobs`.
 """
 
-from types import FunctionType
-
+from .._exports import name_after as _name_after
 from ._config import Timeout as Timeout
 from ._http import SESSION_HEADER as SESSION_HEADER
 from ._publish import ReloadInPlace as ReloadInPlace
@@ -62,8 +61,4 @@ __all__ = [
     "unload_lora_adapter",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if isinstance(_obj, type | FunctionType):  # not constants, instances or type aliases
-        _obj.__module__ = __name__
-del _name, _obj, FunctionType
+_name_after(__name__, globals())

@@ -172,7 +172,7 @@ class VLLMClient(HTTPPolicyClient):
         params: SamplingParams,
         on_tokens: TokenSink,
         *,
-        policy: PolicyRef | str | None = None,
+        policy: PolicyChoice = None,
         session: str | None = None,
     ) -> Completion:
         """Sample one completion with the engine streaming it (`stream: true`); see

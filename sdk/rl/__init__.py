@@ -12,8 +12,7 @@ comparison of two (`paired_improvement`), the learning curve of its evaluations
 docs/rl.md describes the loop and the run directory's schema.
 """
 
-import inspect
-
+from .._exports import name_after as _name_after
 from ._curve import plot_curve as plot_curve
 from ._evaluate import Observe as Observe
 from ._evaluate import evaluate as evaluate
@@ -66,8 +65,4 @@ __all__ = [
     "train_step",
 ]
 
-for _name in __all__:  # reprs name the package, not the module inside it
-    _obj = globals()[_name]
-    if isinstance(_obj, type) or inspect.isfunction(_obj):
-        _obj.__module__ = __name__
-del _name, _obj
+_name_after(__name__, globals())

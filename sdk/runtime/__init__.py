@@ -14,8 +14,7 @@
   a quarantine report lists, with `builtin_reapers()` and your own `Reaper`s.
 """
 
-import inspect
-
+from .._exports import name_after as _name_after
 from ._collector import long_run_collector as long_run_collector
 from ._driver import RolloutDriver as RolloutDriver
 from ._episode import EpisodeContext as EpisodeContext
@@ -74,8 +73,4 @@ __all__ = [
     "run",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if isinstance(_obj, type) or inspect.isfunction(_obj):
-        _obj.__module__ = "plies.runtime"
-del _name, _obj
+_name_after(__name__, globals())

@@ -13,10 +13,12 @@ What a caller sees is the same for both, so it lives here once, in `DriverBase`:
 - results: `collect()` and `groups()` take complete groups from the `Handout`, each on disk
   first.
 
-A driver supplies what differs as four hooks: where an admitted group runs (`_place`), what a
-stop step does to what runs (`_stopped`), whether anything still runs (`_busy`) and its
-episode counts (`_episode_counts`); the sharded one also refuses admission when no shard is
-left (`_refusal`) and fans a new policy out (`_policy_moved`).
+A driver supplies what differs as five hooks: where an admitted group runs (`_place`), what a
+stop step does to what runs (`_stopped`), whether anything still runs (`_busy`), its episode
+counts (`_episode_counts`) and how it closes once stopped (`_close`); the sharded one also
+refuses admission when no shard is left (`_refusal`) and fans a new policy out
+(`_policy_moved`). Leaving `async with` is the same for both: a clean exit drains, an error or a
+cancellation cancels, then the driver closes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
-from types import MappingProxyType
+from types import MappingProxyType, TracebackType
 from typing import NamedTuple
 
 from anyio import WouldBlock
@@ -149,6 +151,11 @@ class DriverBase:
     def _episode_counts(self) -> EpisodeCounts:
         raise NotImplementedError
 
+    async def _close(self) -> None:
+        """Wait for what runs to stop (drained or cancelled, as `__aexit__` asked), write what
+        came back, release what the driver holds and end `CLOSED`, whatever interrupts it."""
+        raise NotImplementedError
+
     def _refusal(self) -> str | None:
         """Why no group can be admitted although admission is open, or None."""
         return None
@@ -220,6 +227,25 @@ class DriverBase:
         return Group(id=spec.id, task_id=spec.task_id, size=spec.size, policy=policy)
 
     # stopping ---------------------------------------------------------------------------------
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Drain (or, on an error or cancellation, cancel) what runs, then close.
+
+        The body's own exception propagates unchanged; a body that ended cleanly sees the
+        sink's failure instead, if writing a group failed.
+        """
+        if exc is None:
+            self.close_admission()
+        else:
+            self.cancel()
+        await self._close()
+        if exc is None:
+            self._handout.raise_error()
 
     def _escalate(self, step: Stop) -> None:
         """Bring the driver to `step`, once; a step already reached (or passed) does nothing."""

@@ -21,7 +21,6 @@ is ever dropped for staleness.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 
 import anyio
 from anyio import CancelScope
@@ -113,17 +112,8 @@ class RolloutDriver(DriverBase):
         self.state = DriverState.ADMITTING
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Drain (or, on an error or cancellation, cancel) what runs, then close."""
-        if exc is None:
-            self.close_admission()
-        else:
-            self.cancel()
+    async def _close(self) -> None:
+        """Wait for every episode to settle, then for their groups to reach the sink."""
         assert self._tg is not None
         try:
             # The body's own exception is not handed to the task group, which would wrap
@@ -134,8 +124,6 @@ class RolloutDriver(DriverBase):
                 await self.wait_drained()
             self.state = DriverState.CLOSED
             self._handout.wake()
-        if exc is None:
-            self._handout.raise_error()
 
     # the driver's hooks -----------------------------------------------------------------------
 

@@ -84,12 +84,7 @@ class SettleWatch:
                 block._settle_from_now()
             raise
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         assert self._tg is not None
         self._open = False
         self._dismissed.set()

@@ -39,7 +39,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -285,21 +284,9 @@ class ShardedDriver(DriverBase):
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Drain (or, on an error or cancellation, cancel) every shard, then close.
-
-        Whatever ends the body, the head waits (up to `exit_timeout`) for every shard to
-        finish and hand back its groups and records, writes them, then kills the actors.
-        """
-        if exc is None:
-            self.close_admission()
-        else:
-            self.cancel()
+    async def _close(self) -> None:
+        """Wait (up to `exit_timeout`) for every shard to finish and hand back its groups and
+        records, write them, then kill the actors."""
         try:
             with CancelScope(shield=True):
                 with anyio.move_on_after(self.exit_timeout):
@@ -318,8 +305,6 @@ class ShardedDriver(DriverBase):
                 self._say_what_is_left()
         finally:
             await self._teardown()
-        if exc is None:
-            self._handout.raise_error()
 
     async def _teardown(self) -> None:
         """Final report, writer stopped, actors killed, an owned Ray shut down."""

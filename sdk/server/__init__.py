@@ -63,6 +63,7 @@ Contract (other parts of plies build on it):
   --model-name NAME` names the base model there. See docs/tinker.md.
 """
 
+from .._exports import name_after as _name_after
 from ._app import create_app as create_app
 from ._config import ServerConfig as ServerConfig
 from ._config import TrainerConfig as TrainerConfig
@@ -77,6 +78,4 @@ __all__ = [
     "processed_logprobs",
 ]
 
-for _name in __all__:
-    globals()[_name].__module__ = __name__
-del _name
+_name_after(__name__, globals())

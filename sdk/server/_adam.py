@@ -46,12 +46,30 @@ MAX_BETA = 1 - 1e-7
 """The largest beta: above it, beta rounds to 1 in float32 and the moment never decays."""
 
 
-def check_adam(*, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
-    """Refuse AdamW settings that cannot be applied to float32 weights.
+@dataclass(frozen=True)
+class AdamSettings:
+    """One step's AdamW settings, as both wires take them (`check_adam` bounds them first).
+
+    `grad_clip`: the gradient norm to clip to, or None for no clipping.
+    """
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    grad_clip: float | None = None
+
+
+def check_adam(settings: AdamSettings) -> None:
+    """Refuse AdamW settings that cannot be applied to float32 weights (the clip is checked
+    by each wire's own schema: nothing about float32 bounds it).
 
     Raises:
         ValueError: which setting is out of which range.
     """
+    lr, beta1, beta2 = settings.lr, settings.beta1, settings.beta2
+    eps, weight_decay = settings.eps, settings.weight_decay
     values = {"lr": lr, "beta1": beta1, "beta2": beta2, "eps": eps, "weight_decay": weight_decay}
     bad = [name for name, v in values.items() if not math.isfinite(v)]
     if bad:
@@ -95,21 +113,6 @@ def step_or_roll_back(optimizer: torch.optim.Optimizer, params: Sequence[torch.T
             q.copy_(w)
     optimizer.load_state_dict(state)
     return False
-
-
-@dataclass(frozen=True)
-class AdamSettings:
-    """One step's AdamW settings, as both wires take them (`check_adam` bounds them first).
-
-    `grad_clip`: the gradient norm to clip to, or None for no clipping.
-    """
-
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    grad_clip: float | None = None
 
 
 class StepRefused(ArithmeticError):

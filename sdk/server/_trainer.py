@@ -80,6 +80,12 @@ def _digest(request: BaseModel) -> str:
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
+def _adam_settings(p: wire.AdamParams) -> AdamSettings:
+    """`p` as the step shared with the Tinker tenants takes it (`_adam`): bounded before any
+    gradient is touched, then applied."""
+    return AdamSettings(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip)
+
+
 class Trainer:
     """Training state of one server process. Methods are blocking; call them one at a time.
 
@@ -251,15 +257,8 @@ class Trainer:
             done = self._replay(req, wire.OpKind.OPTIM_STEP)
             if done is not None:
                 return wire.OptimStepResult.model_validate(done["result"])
-            p = req.adam
             try:
-                check_adam(
-                    lr=p.lr,
-                    beta1=p.beta1,
-                    beta2=p.beta2,
-                    eps=p.eps,
-                    weight_decay=p.weight_decay,
-                )
+                check_adam(_adam_settings(req.adam))
             except ValueError as exc:
                 raise ConfigError(f"optim_step {req.op_id}: {exc}") from None
             if sorted(req.forward_backward_ops) != sorted(self._pending):
@@ -497,9 +496,8 @@ class Trainer:
     def _apply_adam(self, req: wire.OptimStepRequest) -> dict[str, float]:
         p = req.adam
         params = [q for q in self.model.parameters() if q.requires_grad]
-        settings = AdamSettings(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip)
         try:
-            self.optimizer, norm = adam_step(self.optimizer, params, settings)
+            self.optimizer, norm = adam_step(self.optimizer, params, _adam_settings(p))
         except StepRefused as exc:
             held = self._discard_gradients()
             if not math.isfinite(exc.norm):

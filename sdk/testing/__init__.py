@@ -18,6 +18,7 @@ It imports only the low layers, so users test their own envs against real server
 way plies tests itself.
 """
 
+from .._exports import name_after as _name_after
 from ._leaks import process_alive as process_alive
 from ._leaks import sandbox_processes as sandbox_processes
 from ._models import LONG_MAX_POSITIONS as LONG_MAX_POSITIONS
@@ -46,8 +47,4 @@ __all__ = [
     "tiny_model_dir",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if callable(_obj):  # classes and functions; constants have no __module__
-        _obj.__module__ = "plies.testing"
-del _name, _obj
+_name_after(__name__, globals())

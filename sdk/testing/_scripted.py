@@ -33,10 +33,10 @@ ScriptStep = ScriptAnswer | Callable[[str], ScriptAnswer]
 answers that depend on what the agent said, such as an absolute path in its system prompt)."""
 
 _SCRIPTED_LOGPROB = -0.1
-STREAM_RUN = 4
-"""Ids per run a streamed scripted answer is told in."""
 """The logprob reported for each scripted token: finite and the same for all, since no model
 sampled them."""
+STREAM_RUN = 4
+"""Ids per run a streamed scripted answer is told in."""
 
 
 def render_completion(tokenizer: Any, step: ScriptAnswer) -> list[int]:

@@ -30,6 +30,7 @@ Example::
 See docs/tito.md for the guarantees and the pitfalls per model family.
 """
 
+from .._exports import name_after as _name_after
 from ._choice import TemplateChoice as TemplateChoice
 from ._parser import ParsedResponse as ParsedResponse
 from ._parser import ResponseParser as ResponseParser
@@ -48,6 +49,4 @@ __all__ = [
     "TemplateChoice",
 ]
 
-for _name in __all__:
-    globals()[_name].__module__ = "plies.tokens"
-del _name
+_name_after(__name__, globals())

@@ -14,6 +14,7 @@ results it reads are not. Publishing a saved policy
 to samplers is `plies.policy.publish`. The loop and its guarantees are in docs/training.md.
 """
 
+from .._exports import name_after as _name_after
 from ..wire.training import AdamParams as AdamParams
 from ..wire.training import Datum as Datum
 from ..wire.training import LossName as LossName
@@ -44,8 +45,4 @@ __all__ = [
     "training_groups",
 ]
 
-for _name in __all__:  # what is defined in a private module reports this package instead
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("plies.training._"):
-        _obj.__module__ = __name__
-del _name, _obj
+_name_after(__name__, globals())

@@ -13,6 +13,7 @@
 It only reads run directories, so it sits above the core and beside the recipes.
 """
 
+from .._exports import name_after as _name_after
 from ._replay import replay_group as replay_group
 from ._serve import serve_live as serve_live
 from ._train_replay import replay_step as replay_step
@@ -27,6 +28,4 @@ __all__ = [
     "write_page",
 ]
 
-for _name in __all__:
-    globals()[_name].__module__ = "plies.view"
-del _name
+_name_after(__name__, globals())

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
@@ -38,6 +39,8 @@ __all__ = ["GroupEntry", "RunReader", "RunSnapshot"]
 PREVIEW_CHARS = 80
 MAX_PROBLEMS = 50
 """Problems listed one by one; more are counted, so a badly damaged file stays readable."""
+
+_Entry = TypeVar("_Entry")
 
 
 def _long_line(path: Path, number: int) -> RunFileError:
@@ -219,6 +222,81 @@ def _preview(raw: bytes) -> str:
     return raw[:PREVIEW_CHARS].decode(errors="replace")
 
 
+class _Damaged(Exception):
+    """A line of a run's JSONL file that is not what the page can show; the message says
+    which line and why."""
+
+
+def _metric_record(number: int, raw: bytes) -> dict[str, Any]:
+    """Line `number` of `metrics.jsonl` as a run-log record.
+
+    Raises:
+        _Damaged: it is not JSON, not a record, or a field is not what the page reads.
+    """
+    try:
+        record = json.loads(raw)
+    except ValueError as exc:
+        raise _Damaged(f"metrics.jsonl: line {number} is not JSON ({exc})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+        raise _Damaged(f"metrics.jsonl: line {number} is not a run-log record")
+    wrong = _misfit(record)
+    if wrong is not None:
+        raise _Damaged(f"metrics.jsonl: line {number}: {wrong}")
+    return record
+
+
+def _group_entry(number: int, raw: bytes) -> GroupEntry:
+    """Line `number` of `groups.jsonl` as a group, with its members' rows.
+
+    Raises:
+        _Damaged: it is not a group this version of plies reads (the first reason why).
+    """
+    try:
+        group = Group.model_validate_json(raw)
+    except (ValueError, ValidationError, TrajectoryError) as exc:
+        first = str(exc).splitlines()[0]
+        if isinstance(exc, ValidationError):
+            detail = exc.errors()[0]
+            where = ".".join(map(str, detail["loc"])) or "the line"
+            first = f"{where}: {detail['msg']}"
+            if exc.error_count() > 1:
+                first += f" (and {exc.error_count() - 1} more)"
+        raise _Damaged(
+            f"groups.jsonl: line {number} is not a group this version reads: {first}"
+        ) from None
+    rows = [_member_row(group, i) for i in range(len(group.trajectories))]
+    _with_advantages(group, rows)
+    return GroupEntry(number, group, rows)
+
+
+class _Lines(Generic[_Entry]):
+    """One append-only JSONL file of a run, parsed as it grows: the lines `parse` reads,
+    and the problems of those it cannot (`_Damaged`). A file that restarted (`_Tail`) is
+    parsed again from its first line, so nothing of its old content lingers."""
+
+    def __init__(self, path: Path, parse: Callable[[int, bytes], _Entry]):
+        self.tail = _Tail(path)
+        self.name = path.name
+        self.entries: list[_Entry] = []
+        self.problems = _Problems()
+        self._parse = parse
+
+    def read(self) -> None:
+        """Parse the lines appended since the last read.
+
+        Raises:
+            RunFileError: as `_Tail.new_lines`; what was parsed before is kept.
+        """
+        lines, restarted = self.tail.new_lines()
+        if restarted:
+            self.entries, self.problems = [], _Problems()
+        for number, raw in lines:
+            try:
+                self.entries.append(self._parse(number, raw))
+            except _Damaged as exc:
+                self.problems.add(str(exc))
+
+
 class RunReader:
     """Reads one run directory again and again, parsing only what was appended.
 
@@ -231,12 +309,8 @@ class RunReader:
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self._groups = _Tail(self.run_dir / "groups.jsonl")
-        self._metrics = _Tail(self.run_dir / "metrics.jsonl")
-        self._group_entries: list[GroupEntry] = []
-        self._group_problems = _Problems()
-        self._metric_records: list[dict[str, Any]] = []
-        self._metric_problems = _Problems()
+        self._metrics = _Lines(self.run_dir / "metrics.jsonl", _metric_record)
+        self._groups = _Lines(self.run_dir / "groups.jsonl", _group_entry)
 
     def refresh(self, *, live: bool = False) -> RunSnapshot:
         """Read what changed; `live` means a torn last line may still be being written."""
@@ -252,12 +326,14 @@ class RunReader:
         summary = self._json_file(
             "summary.json", problems, "the run has not finished (or was cut off before it did)"
         )
-        for read in (self._read_metrics, self._read_groups):
+        files = (self._metrics, self._groups)
+        for lines in files:
             try:
-                read()
+                lines.read()
             except RunFileError as exc:  # a FIFO, a device, a file or line over its cap
                 problems.append(str(exc))
-        for tail, name in ((self._metrics, "metrics.jsonl"), (self._groups, "groups.jsonl")):
+        for lines in files:
+            tail, name = lines.tail, lines.name
             if not tail.path.exists():
                 problems.append(f"{name} is missing")
             elif tail.rest and not live:
@@ -265,14 +341,14 @@ class RunReader:
                     f"{name}: line {tail.line_no + 1} is torn (cut off by a crash): "
                     f"{_preview(tail.rest)!r}"
                 )
-        problems += self._metric_problems.all("metrics.jsonl")
-        problems += self._group_problems.all("groups.jsonl")
+        for lines in files:
+            problems += lines.problems.all(lines.name)
         return RunSnapshot(
             run_dir=self.run_dir,
             run=run,
             summary=summary,
-            metrics=list(self._metric_records),
-            groups=list(self._group_entries),
+            metrics=list(self._metrics.entries),
+            groups=list(self._groups.entries),
             quarantine=self._quarantine(problems),
             problems=problems,
         )
@@ -294,48 +370,6 @@ class RunReader:
             problems.append(f"{name} holds a JSON {type(value).__name__}, not an object")
             return None
         return value
-
-    def _read_metrics(self) -> None:
-        lines, restarted = self._metrics.new_lines()
-        if restarted:
-            self._metric_records, self._metric_problems = [], _Problems()
-        for number, raw in lines:
-            try:
-                record = json.loads(raw)
-            except ValueError as exc:
-                self._metric_problems.add(f"metrics.jsonl: line {number} is not JSON ({exc})")
-                continue
-            if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
-                self._metric_problems.add(f"metrics.jsonl: line {number} is not a run-log record")
-                continue
-            wrong = _misfit(record)
-            if wrong is not None:
-                self._metric_problems.add(f"metrics.jsonl: line {number}: {wrong}")
-                continue
-            self._metric_records.append(record)
-
-    def _read_groups(self) -> None:
-        lines, restarted = self._groups.new_lines()
-        if restarted:
-            self._group_entries, self._group_problems = [], _Problems()
-        for number, raw in lines:
-            try:
-                group = Group.model_validate_json(raw)
-            except (ValueError, ValidationError, TrajectoryError) as exc:
-                first = str(exc).splitlines()[0]
-                if isinstance(exc, ValidationError):
-                    detail = exc.errors()[0]
-                    where = ".".join(map(str, detail["loc"])) or "the line"
-                    first = f"{where}: {detail['msg']}"
-                    if exc.error_count() > 1:
-                        first += f" (and {exc.error_count() - 1} more)"
-                self._group_problems.add(
-                    f"groups.jsonl: line {number} is not a group this version reads: {first}"
-                )
-                continue
-            rows = [_member_row(group, i) for i in range(len(group.trajectories))]
-            _with_advantages(group, rows)
-            self._group_entries.append(GroupEntry(number, group, rows))
 
     def _quarantine(self, problems: list[str]) -> dict[str, Any] | None:
         path = self.run_dir / "quarantine.json"

@@ -5,14 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import smoke_run
-from demo_runs import records, wait
+from demo_runs import interrupt_when, records, wait
 
 from plies.environments.blackjack_exact import REFERENCES, expected_return, on_deals, price_record
 from plies.recipes.blackjack import BUDGETS
@@ -151,16 +149,14 @@ def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
     # The curve's evaluation on 200 hands takes a few seconds: time for Ctrl-C to land in it.
     longer_curve = ("--set", "curve_hands=200")
     proc = demo(out, *longer_curve)
-    deadline = time.monotonic() + 900
 
     def curve_due() -> bool:  # the smoke budget evaluates the curve after every 2nd step
         return len(records(out, "step")) >= 2
 
-    while not curve_due() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the demo ended before its second GRPO step was published"
-    proc.send_signal(signal.SIGINT)
-    assert wait(proc, out, 300) == 130
+    rc = interrupt_when(
+        proc, out, curve_due, within=900, before="its second GRPO step was published", poll=0.05
+    )
+    assert rc == 130
     said = (tmp_path / "run.log").read_text(errors="replace")
     assert "interrupted: run the same command again to resume" in said
     assert "ExceptionGroup" not in said and "Traceback" not in said, said[-3000:]
@@ -244,16 +240,15 @@ def _warm_step(op_id: str) -> int:
 def test_ctrl_c_in_the_warm_start_then_resume_continues_from_its_last_applied_step(tmp_path):
     out = tmp_path / "run"
     proc = demo(out)
-    deadline = time.monotonic() + 900
 
     def optim_steps() -> list[dict]:
         return [r for r in _journal(out) if r["kind"] == "optim_step"]
 
-    while len(optim_steps()) < 5 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert proc.poll() is None, "the demo ended before its warm start took 5 steps"
-    proc.send_signal(signal.SIGINT)
-    assert wait(proc, out, 300) == 130
+    def five_taken() -> bool:
+        return len(optim_steps()) >= 5
+
+    rc = interrupt_when(proc, out, five_taken, within=900, before="its warm start took 5 steps")
+    assert rc == 130
     assert not records(out, "warm_start"), "the warm start finished before the interrupt"
     applied = [r["op_id"] for r in optim_steps()]
     done = len(applied)

@@ -7,13 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from demo_runs import records, wait
+from demo_runs import interrupt_when, records, wait
 
 from plies import PolicyRef
 from plies.recipes.blackjack import BUDGETS
@@ -62,14 +60,13 @@ def applied(journal: list[dict], kind: str) -> list[dict]:
 def test_ctrl_c_then_resume_on_tinker_applies_every_step_once(tmp_path):
     out = tmp_path / "run"
     proc = demo(out)
+
     # The Tinker warm start is slower than the native one: a Tinker forward_backward returns
     # logprobs at every position, so the server runs the output layer over whole sequences.
-    deadline = time.monotonic() + 2400
-    while not records(out, "step") and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert proc.poll() is None, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
-    proc.send_signal(signal.SIGINT)
-    assert wait(proc, out, 300) == 130
+    def stepped() -> bool:
+        return bool(records(out, "step"))
+
+    assert interrupt_when(proc, out, stepped, within=2400, before="its first GRPO step") == 130
     before = records(out, "step")
     last = PolicyRef.model_validate(before[-1]["policy"])
     assert last.uri.startswith("tinker://")
@@ -121,18 +118,13 @@ def test_the_default_budget_starts_on_tinker_without_extra_flags(tmp_path):
     log = (tmp_path / "run.log").open("ab")
     argv = [*DEMO, "--out", str(out), "--trainer", "tinker"]
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
-    try:
-        deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline:
-            if any(applied(ops, "optim_step") for ops in runs(out).values()):
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
-        assert any(applied(ops, "optim_step") for ops in runs(out).values()), "no warm-start step"
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-    assert wait(proc, out, 300) == 130
+
+    def warm_stepped() -> bool:
+        return any(applied(ops, "optim_step") for ops in runs(out).values())
+
+    rc = interrupt_when(proc, out, warm_stepped, within=600, before="its first warm-start step")
+    assert rc == 130
+    assert warm_stepped(), "no warm-start step"
     budget = json.loads((out / "run.json").read_text())["budget"]
     assert budget == {**dataclasses.asdict(BUDGETS["default"]), "top_p": 1.0}
     assert BUDGETS["default"].top_p < 1.0  # the native default cuts; the Tinker run does not

@@ -6,8 +6,9 @@ only plies, anyio and httpx.
 - `StandInPolicy` samples from the server's `/sample` (a stand-in completion after a delay)
   and runs remote steps on its `/op`;
 - `episode` borrows a `Session` (a resource with a remote id), then per turn samples,
-  records the turn under the group's policy and runs one step inside `lease.operation`, so
-  a cancelled step that does not settle quarantines the session;
+  records the turn under the group's policy (`stand_in_turn`, shared with
+  `tests/runtime/signal_script.py`) and runs one step inside `lease.operation`, so a
+  cancelled step that does not settle quarantines the session;
 - `placed_episode` is `episode` with the Ray node and process that played it in the
   trajectory's `info` (the two-node test checks where each shard ran);
 - `make_shard(url, index)` is the factory a `ShardedDriver` pickles to each actor.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -73,20 +74,24 @@ def task(
     return {"turns": turns, "sample_s": sample_s, "step_s": step_s, "sure": sure}
 
 
+def stand_in_turn(ctx: EpisodeContext, k: int, body: Mapping[str, Any]) -> Turn:
+    """Turn `k` of an episode: the op server's stand-in completion `body` (its `/sample`
+    answer) under the episode's policy, each turn after the first extending the one before."""
+    return Turn(
+        prompt_ids=[7, k],
+        extends=k > 0,
+        completion_ids=body["ids"],
+        logprobs=body["logprobs"],
+        finish_reason="stop",
+        policy=ctx.policy,
+    )
+
+
 async def episode(ctx: EpisodeContext) -> Trajectory:
     async with ctx.borrow("env") as lease:
         for k in range(ctx.task["turns"]):
             body = await ctx.sampler.sample(ctx.task["sample_s"], ctx.task["sure"])
-            ctx.add_turn(
-                Turn(
-                    prompt_ids=[7, k],
-                    extends=k > 0,
-                    completion_ids=body["ids"],
-                    logprobs=body["logprobs"],
-                    finish_reason="stop",
-                    policy=ctx.policy,
-                )
-            )
+            ctx.add_turn(stand_in_turn(ctx, k, body))
             async with lease.operation("step"):
                 await ctx.sampler.op(ctx.task["step_s"])
     return ctx.trajectory

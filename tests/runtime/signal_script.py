@@ -16,12 +16,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))  # event_script
+sys.path.insert(0, str(Path(__file__).parents[1] / "ray"))  # shard_parts: the op server's turns
 
 import httpx
 from event_script import drive, emit
 from runtime_helpers import OpProcess, spawn_op_server
+from shard_parts import stand_in_turn
 
-from plies import AdmissionClosed, PolicyRef, Turn
+from plies import AdmissionClosed, PolicyRef
 from plies.runtime import (
     EnvPool,
     GroupSpec,
@@ -65,16 +67,7 @@ async def main(interrupts, run_dir: Path, policy_url: str, seed: int, max_tasks:
             for k in range(ctx.task["turns"]):
                 r = await http.get(f"{ctx.sampler}/sample", params={"s": 0.02, "n": 3})
                 body = r.raise_for_status().json()
-                ctx.add_turn(
-                    Turn(
-                        prompt_ids=[7, k],
-                        extends=k > 0,
-                        completion_ids=body["ids"],
-                        logprobs=body["logprobs"],
-                        finish_reason="stop",
-                        policy=ctx.policy,
-                    )
-                )
+                ctx.add_turn(stand_in_turn(ctx, k, body))
                 async with lease.operation("step"):
                     await http.get(f"{lease.resource.url}/op", params={"s": ctx.task["step_s"][k]})
         return ctx.trajectory

@@ -46,6 +46,7 @@ but were not trained on yet are trained first.
 `examples/blackjack_grpo.py` is the same job written out compactly on `plies.rl.train`.
 """
 
+from ..._exports import name_after as _name_after
 from .config import BUDGETS as BUDGETS
 from .config import Budget as Budget
 from .config import DemoConfig as DemoConfig
@@ -58,8 +59,4 @@ __all__ = [
     "main",
 ]
 
-for _name in __all__:  # reprs name the package, not the module inside it
-    _obj = globals()[_name]
-    if callable(_obj) and getattr(_obj, "__module__", "").startswith(f"{__name__}."):
-        _obj.__module__ = __name__
-del _name, _obj
+_name_after(__name__, globals())

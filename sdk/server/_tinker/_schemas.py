@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .._adam import check_adam
+from .._adam import AdamSettings, check_adam
 
 __all__ = [
     "AdamParams",
@@ -73,14 +73,16 @@ class AdamParams(_Body):
     @model_validator(mode="after")
     def _bounded(self) -> AdamParams:
         """Settings float32 weights can take (`_adam.check_adam`)."""
-        check_adam(
-            lr=self.learning_rate,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            eps=self.eps,
-            weight_decay=self.weight_decay,
-        )
+        check_adam(self.settings)
         return self
+
+    @property
+    def settings(self) -> AdamSettings:
+        """These settings as the step shared with the native trainer takes them."""
+        clip = self.grad_clip_norm if self.grad_clip_norm > 0 else None
+        return AdamSettings(
+            self.learning_rate, self.beta1, self.beta2, self.eps, self.weight_decay, clip
+        )
 
 
 class OptimStepRequest(_Body):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .._adam import AdamSettings, StepRefused, adam_step
+from .._adam import StepRefused, adam_step
 from .._config import TrainerConfig
 from .._losses import tinker_loss
 from .._policies import PolicyStore
@@ -159,16 +159,8 @@ class Tenant:
                 "optim_step refused: a forward_backward since the last step had a non-finite "
                 "loss; the weights are unchanged and the gradients were discarded"
             )
-        settings = AdamSettings(
-            p.learning_rate,
-            p.beta1,
-            p.beta2,
-            p.eps,
-            p.weight_decay,
-            p.grad_clip_norm if p.grad_clip_norm > 0 else None,
-        )
         try:
-            self.optimizer, norm = adam_step(self.optimizer, params, settings)
+            self.optimizer, norm = adam_step(self.optimizer, params, p.settings)
         except StepRefused as exc:
             if math.isfinite(exc.norm):
                 detail = (
