@@ -80,6 +80,12 @@ POLICIES: dict[str, Policy] = {
     "hit below 17, 5% of calls the other way": noisy(hit_below(17), 0.05),
     # What cloning the threshold players (threshold uniform on 12..21) converges to.
     "threshold players' average": lambda t, u, s: 1.0 if t <= 11 else max(0.0, (21 - t) / 10),
+    # The same against a 7 to an ace; against a 2 to 6 they stand on 12 or more
+    # (`warm_players=bust_card`); the majority call is "hit below 16" there.
+    "bust-card players' average": lambda t, u, s: (
+        1.0 if t <= 11 else 0.0 if 2 <= u <= 6 else max(0.0, (21 - t) / 10)
+    ),
+    "bust-card players' majority": lambda t, u, s: float(t < (12 if 2 <= u <= 6 else 16)),
     "bands 1.00 / 0.50 / 0.00": bands(1.0, 0.5, 0.0),
     "bands 0.95 / 0.50 / 0.05": bands(0.95, 0.5, 0.05),
 }
