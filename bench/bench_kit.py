@@ -53,6 +53,18 @@ async def nothing() -> Nothing:
     return Nothing()
 
 
+def add_collector_argument(parser: argparse.ArgumentParser) -> None:
+    """`--collector`: the cyclic collector as `plies.runtime.run` sets it for a script's main
+    (`long-run`, the default: the path a real run takes) or Python's own thresholds."""
+    parser.add_argument(
+        "--collector",
+        choices=("long-run", "default"),
+        default="long-run",
+        help="the cyclic collector as plies.runtime.run sets it (long_run_collector), or "
+        "Python's default thresholds",
+    )
+
+
 def bare_episode(
     turns: int, params: SamplingParams, recorded: list[float] | None = None
 ) -> Callable[[EpisodeContext], Awaitable[Trajectory]]:

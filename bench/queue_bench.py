@@ -25,6 +25,8 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from bench_kit import add_collector_argument
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -120,13 +122,7 @@ def main() -> None:
         choices=list(bench.CLIENTS),
         help="clients, each measured in a fresh event loop",
     )
-    parser.add_argument(
-        "--collector",
-        choices=("long-run", "default"),
-        default="long-run",
-        help="the cyclic collector as plies.runtime.run sets it (long_run_collector), or "
-        "Python's default thresholds",
-    )
+    add_collector_argument(parser)
     args = parser.parse_args()
 
     import anyio

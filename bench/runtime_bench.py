@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from bench_kit import add_load_arguments, bare_episode, drive_until, nothing, window_rates
+from bench_kit import (
+    add_collector_argument,
+    add_load_arguments,
+    bare_episode,
+    drive_until,
+    nothing,
+    window_rates,
+)
 
 STANDIN_TOKENS = 8
 CLIENTS = {
@@ -297,13 +304,7 @@ def main() -> None:
     parser.add_argument(
         "--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS), help="clients"
     )
-    parser.add_argument(
-        "--collector",
-        choices=("long-run", "default"),
-        default="long-run",
-        help="the cyclic collector as plies.runtime.run sets it (long_run_collector), or "
-        "Python's default thresholds",
-    )
+    add_collector_argument(parser)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
