@@ -80,8 +80,8 @@ POLICIES: dict[str, Policy] = {
     "hit below 17, 5% of calls the other way": noisy(hit_below(17), 0.05),
     # What cloning the threshold players (threshold uniform on 12..21) converges to.
     "threshold players' average": lambda t, u, s: 1.0 if t <= 11 else max(0.0, (21 - t) / 10),
-    # The same against a 7 to an ace; against a 2 to 6 they stand on 12 or more
-    # (`warm_players=bust_card`); the majority call is "hit below 16" there.
+    # The same against a 7 to an ace; against a 2 to 6 they stand on 12 or more (the
+    # bust-card players of docs/research.md); the majority call is "hit below 16" there.
     "bust-card players' average": lambda t, u, s: (
         1.0 if t <= 11 else 0.0 if 2 <= u <= 6 else max(0.0, (21 - t) / 10)
     ),

@@ -31,7 +31,7 @@ import os
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -258,9 +258,8 @@ async def measure(
         async with anyio.create_task_group() as tg:  # open the connections before the clock
             for _ in range(concurrency):
                 tg.start_soon(partial(client.sample, [1], params, policy=ref))
-        with ExitStack() as stack:
-            if collector == "long-run":  # as `plies.runtime.run` sets it around a script's main
-                stack.enter_context(long_run_collector())
+        collect = long_run_collector() if collector == "long-run" else nullcontext()
+        with collect:  # as `plies.runtime.run` sets it around a script's main, by default
             return await _window(res, episode, ref, concurrency, warmup, window, recorded)
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["name_after"]
 
 
-def name_after(package: str, namespace: Mapping[str, object]) -> None:
+def name_after(package: str, namespace: Mapping[str, Any]) -> None:
     """Set `__module__` to `package` on each class and function of `namespace["__all__"]`
     that a module inside `package` defines.
 
@@ -19,7 +20,7 @@ def name_after(package: str, namespace: Mapping[str, object]) -> None:
     defines them, whichever imports them first.
     """
     prefix = package + "."
-    for name in namespace["__all__"]:  # type: ignore[attr-defined]
+    for name in namespace["__all__"]:
         obj = namespace[name]
         defined_here = getattr(obj, "__module__", "").startswith(prefix)
         if defined_here and (inspect.isclass(obj) or inspect.isfunction(obj)):

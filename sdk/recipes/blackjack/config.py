@@ -19,7 +19,7 @@ SYSTEM_PROMPT = "You play Blackjack. Reply with exactly one tool call: hit or st
 TEMPLATE_KWARGS = MappingProxyType({"enable_thinking": False})
 """Qwen3 without thinking: a completion is just `<tool_call>...</tool_call><|im_end|>`."""
 
-WarmPlayers = Literal["random", "thresholds", "bust_card"]
+WarmPlayers = Literal["random", "thresholds"]
 Advantages = Literal["group", "state_contrast"]
 
 TRAIN_SEEDS = 0
@@ -82,9 +82,8 @@ class Budget:
     max_turns: int = 10
     max_new_tokens: int = 32
     warm_players: WarmPlayers = "random"
-    """Who plays the warm start's transcripts (`transcripts`): coin flips, threshold players
-    whose labels depend on the total, or threshold players who also stand on 12 or more
-    against a 2 to 6 (`bust_card`, docs/research.md)."""
+    """Who plays the warm start's transcripts (`transcripts`): coin flips, or threshold
+    players whose labels depend on the total."""
     advantages: Advantages = "group"
     """`group`: each member's reward minus its group's mean, on every sampled token.
     `state_contrast`: the same, less the share that moves every state's hit rate alike

@@ -42,10 +42,7 @@ async def transcripts(
     strategy, and nothing in its labels depends on the cards. `thresholds`: each hand is
     played by its own threshold player (hit while the total is below a threshold drawn
     uniformly from 12 to 21), so the labels depend on the total but favour no threshold
-    and ignore the dealer's card. `bust_card`: threshold players who also see the dealer's
-    card, with the folk rule of never risking a bust against a 2 to 6 (stand on 12 or
-    more there); against a 7 to an ace they play their threshold (see docs/research.md for
-    what each did).
+    and ignore the dealer's card (see docs/research.md for what each did).
     Completions are the canonical tool-call ids; logprobs are 0 (the loss ignores them).
     `seed`: the run's seed (`config.RUN_SEEDS`): which deals are played, and the players'
     draws.
@@ -60,14 +57,13 @@ async def transcripts(
             opening = [{"role": "system", "content": SYSTEM_PROMPT}, *obs.messages]
             conv = renderer.start(opening, tools=obs.tools)
             traj = Trajectory(task_id=task.id)
-            threshold = rng.randint(12, 21) if players != "random" else None
+            threshold = rng.randint(12, 21) if players == "thresholds" else None
             info, done = obs.info, False
             while not done:
                 conv.render()
                 delta = conv.delta
                 if threshold is not None:
-                    weak = players == "bust_card" and 2 <= info["dealer_up"] <= 6
-                    name = "hit" if info["player_total"] < (12 if weak else threshold) else "stand"
+                    name = "hit" if info["player_total"] < threshold else "stand"
                 else:
                     name = rng.choice(("hit", "stand"))
                 completion = calls[name]
