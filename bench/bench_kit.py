@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from plies import Group, Trajectory
     from plies.policy import SamplingParams
     from plies.runtime import EpisodeContext, GroupSpec, RolloutDriver, ShardedDriver
+
+T = TypeVar("T")
 
 
 def add_load_arguments(
@@ -63,6 +65,28 @@ def add_collector_argument(parser: argparse.ArgumentParser) -> None:
         help="the cyclic collector as plies.runtime.run sets it (long_run_collector), or "
         "Python's default thresholds",
     )
+
+
+def add_loop_argument(parser: argparse.ArgumentParser) -> None:
+    """`--loop`: asyncio's own event loop (the default: the one `plies.runtime.run` runs a
+    script on) or uvloop, when it is installed (`pip install uvloop`), to compare."""
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="asyncio's own event loop (plies.runtime.run's), or uvloop where installed",
+    )
+
+
+def run_on(loop: str, func: Callable[..., Awaitable[T]], *args: object) -> T:
+    """`anyio.run(func, *args)` on the `--loop` named."""
+    import importlib.util
+
+    import anyio
+
+    if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise SystemExit("--loop uvloop: uvloop is not installed here (pip install uvloop)")
+    return anyio.run(func, *args, backend_options={"use_uvloop": loop == "uvloop"})
 
 
 def bare_episode(

@@ -25,7 +25,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from bench_kit import add_collector_argument
+from bench_kit import add_collector_argument, add_loop_argument, run_on
 
 HERE = Path(__file__).resolve().parent
 
@@ -123,9 +123,8 @@ def main() -> None:
         help="clients, each measured in a fresh event loop",
     )
     add_collector_argument(parser)
+    add_loop_argument(parser)
     args = parser.parse_args()
-
-    import anyio
 
     from plies.testing import serve_process_sync
 
@@ -142,7 +141,7 @@ def main() -> None:
         print(
             f"stand-in engine (bench only, separate process) at {engine.url}: answers after "
             f"L = {args.latency * 1000:g} ms; {args.requests} requests at once; "
-            f"collector: {args.collector}; {os.cpu_count()} CPUs, "
+            f"collector: {args.collector}; loop: {args.loop}; {os.cpu_count()} CPUs, "
             f"load average {os.getloadavg()[0]:.1f}"
         )
         for kind in args.clients:
@@ -152,9 +151,10 @@ def main() -> None:
         header = (*header, "failed")
         print("{:>7} {:>5} {:>10} {:>11} {:>11} {:>11} {:>8} {:>6}".format(*header))
         for kind in args.clients:
-            for row in anyio.run(
-                measure, engine.url, kind, args.requests, args.latency, bench, args.collector
-            ):
+            for row in run_on(
+                args.loop, measure, engine.url, kind, args.requests, args.latency, bench,
+                args.collector,
+            ):  # fmt: skip
                 print(row, flush=True)
         print(f"load average after: {os.getloadavg()[0]:.1f}")
 

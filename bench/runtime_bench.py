@@ -17,7 +17,8 @@ when all C episodes have started; with no overhead a run achieves C/L turns/s, a
 printed is achieved / ideal, then achieved / raw's achieved at the same C. The cyclic
 collector is set as `plies.runtime.run` sets it for a script's main (`long_run_collector`),
 since that is the path a real run takes; `--collector default` keeps Python's thresholds,
-which cost the default client more than the minimal one (it allocates more a request).
+which cost the default client more than the minimal one (it allocates more a request). The
+loop is asyncio's own, as `plies.runtime.run` runs a script; `--loop uvloop` compares uvloop.
 Targets (L = 100 ms): raw >= 90% of ideal at C=256; the default client >= 85% of raw at C=256
 and C=1024, and >= 80% of ideal at C=256.
 """
@@ -39,9 +40,11 @@ from pathlib import Path
 from bench_kit import (
     add_collector_argument,
     add_load_arguments,
+    add_loop_argument,
     bare_episode,
     drive_until,
     nothing,
+    run_on,
     window_rates,
 )
 
@@ -304,13 +307,12 @@ def main() -> None:
         "--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS), help="clients"
     )
     add_collector_argument(parser)
+    add_loop_argument(parser)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve_standin(args.latency)
         return
-
-    import anyio
 
     from plies.testing import serve_process_sync
 
@@ -324,7 +326,7 @@ def main() -> None:
             f"stand-in engine (bench only, separate process) at {url}: answers after "
             f"L = {args.latency * 1000:g} ms; {args.turns} turns/episode; window "
             f"{args.window:g} s after {args.warmup:g} s; "
-            f"collector: {args.collector}; "
+            f"collector: {args.collector}; loop: {args.loop}; "
             f"{os.cpu_count()} CPUs, "
             f"load average {os.getloadavg()[0]:.1f}"
         )
@@ -342,8 +344,10 @@ def main() -> None:
         for c in args.concurrency:
             raw = None
             for kind in args.clients:
-                row = anyio.run(
-                    measure, url, c, args.turns, args.warmup, args.window, kind, args.collector
+                row = run_on(
+                    args.loop,
+                    *(measure, url, c, args.turns, args.warmup, args.window, kind),
+                    args.collector,
                 )
                 ideal = c / args.latency
                 achieved, cpu_us = window_rates(row.window_turns, row.window_s, row.window_cpu_s)

@@ -3,12 +3,10 @@
 The tests that only read a finished run (the short demo's checks in tests/demo/test_demo.py,
 `plies view` and `plies replay` in tests/view) read this one rather than each making its own:
 a smoke run is a few minutes of the suite. Its options make every check there bite: two GRPO
-policies kept of three published (so retention removed one), one number changed by `--set`
-(which run.json must record), `state_contrast` advantages, so that `plies replay --train-only`
-re-feeds a step that needs the decision tokens (the default advantages run in the Ctrl-C tests
-and the Tinker demo's), nucleus sampling, so that it re-feeds a batch that carries its top_p,
-and the batch-invariant sampler, so that `plies replay` must get every logprob back bit for bit
-(the default, batched sampler runs in the Ctrl-C tests).
+policies kept of three published (so retention removed one), numbers changed by `--set`
+(which run.json must record), nucleus sampling, so that `plies replay --train-only` re-feeds a
+batch that carries its top_p, and the batch-invariant sampler, so that `plies replay` must get
+every logprob back bit for bit (the default, batched sampler runs in the Ctrl-C tests).
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ import pytest
 
 ARGS = (
     "--budget", "smoke", "--keep-policies", "2",
-    "--set", "curve_hands=8", "--set", "advantages=state_contrast",
-    "--set", "contrast_share=0.5", "--set", "top_p=0.99", "--sampler", "batch-invariant",
+    "--set", "curve_hands=8", "--set", "top_p=0.99", "--sampler", "batch-invariant",
 )  # fmt: skip
 """`plies demo blackjack` options of the shared run (its `--out` aside)."""
 TIMEOUT = 1200

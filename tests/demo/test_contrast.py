@@ -76,12 +76,3 @@ def test_a_batch_without_decisions_is_unchanged(qwen3_tokenizer):
     )  # fmt: skip  a hit token not after the name's quote
     batch = TrainingBatch(data=[datum])
     assert state_contrast(batch, tokens) is batch
-
-
-def test_a_share_removes_that_part_of_the_shared_share(qwen3_tokenizer):
-    tokens = decision_tokens(qwen3_tokenizer)
-    batch = hit_more(qwen3_tokenizer)
-    before = shared_share(batch, tokens)
-    half = state_contrast(batch, tokens, share=0.5)
-    assert shared_share(half, tokens) == pytest.approx(before / 2, rel=1e-9)
-    assert state_contrast(batch, tokens, share=0.0).data == batch.data

@@ -51,46 +51,58 @@ def test_a_budget_of_the_same_name_with_other_values_is_refused(tmp_path):
 
 
 def test_a_run_recorded_before_a_field_existed_reads_it_at_its_default():
-    """A field added since (the contrast's share) was not there when an older run.json was
-    written: that run ran with the default, so it matches."""
+    """A field added since (nucleus sampling's share) was not there when an older run.json
+    was written: that run ran with the default, so it matches."""
     smoke = asdict(BUDGETS["smoke"])
-    older = {k: v for k, v in smoke.items() if k not in ("contrast_share", "top_p")}
+    older = {k: v for k, v in smoke.items() if k not in ("top_p", "loss")}
     assert recorded_budget(older) == smoke
     # A field without a default stays missing, so a damaged record still differs.
     assert "lr" not in recorded_budget({k: v for k, v in smoke.items() if k != "lr"})
     # What the run did record wins over a default.
-    assert recorded_budget({**smoke, "contrast_share": 0.5})["contrast_share"] == 0.5
+    assert recorded_budget({**smoke, "top_p": 0.5})["top_p"] == 0.5
 
 
-OLD_TAIL = {"warm_tail_steps": 0, "warm_tail_lr": 3e-2}
-"""The warm start's second stage, since removed, as an older run.json recorded it: off."""
+OLD = {
+    "warm_tail_steps": 0, "warm_tail_lr": 3e-2, "warm_players": "thresholds",
+    "advantages": "state_contrast", "contrast_share": 1.0,
+}  # fmt: skip
+"""Budget fields since removed, as an older run.json recorded them: at the values every run
+of this version plays."""
 
 
-def test_a_field_removed_since_is_dropped_at_its_old_default_and_refused_otherwise(tmp_path):
-    """A run recorded with a removed field at its old default ran as this version runs, so
-    it resumes; one recorded with another value did what this version cannot, and is
-    refused in one line that names the field."""
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("warm_tail_steps", 2), ("warm_tail_lr", 1e-2), ("warm_players", "random"),
+        ("advantages", "group"), ("contrast_share", 0.5),
+    ],
+)  # fmt: skip
+def test_a_field_removed_since_is_dropped_at_the_value_played_now_and_refused_otherwise(
+    tmp_path, name, value
+):
+    """A run recorded with a removed field at the value this version plays ran as this
+    version runs, so it resumes; one recorded with another value did what this version
+    cannot, and is refused in one line that names the field."""
     smoke = asdict(BUDGETS["smoke"])
-    assert recorded_budget({**smoke, **OLD_TAIL}) == smoke
-    for name, value in (("warm_tail_steps", 2), ("warm_tail_lr", 1e-2)):
-        with pytest.raises(ConfigError, match=f"budget field {name}={value}, which this"):
-            recorded_budget({**smoke, **OLD_TAIL, name: value})
+    assert recorded_budget({**smoke, **OLD}) == smoke
+    with pytest.raises(ConfigError, match=f"budget field {name}={value}, which this"):
+        recorded_budget({**smoke, **OLD, name: value})
     out = tmp_path / "run"
     out.mkdir()
     key = DemoConfig(out=out, budget="smoke").key()
-    record = {"config": key, "budget": {**smoke, **OLD_TAIL, "warm_tail_steps": 2}}
+    record = {"config": key, "budget": {**smoke, **OLD, name: value}}
     (out / "run.json").write_text(json.dumps(record))
-    refused(demo(out), "budget field warm_tail_steps=2, which this version of plies no longer")
+    refused(demo(out), f"budget field {name}={value}, which this version of plies no longer")
     assert not (out / "metrics.jsonl").exists()
 
 
 def test_a_refusal_names_only_what_differs_not_what_an_older_record_predates(tmp_path):
-    """Nor a removed field it holds at its old default."""
+    """Nor a removed field it holds at the value played now."""
     out = tmp_path / "run"
     out.mkdir()
     changed = asdict(replace(BUDGETS["smoke"], warm_steps=BUDGETS["smoke"].warm_steps + 1))
-    del changed["contrast_share"]
-    changed.update(OLD_TAIL)
+    del changed["top_p"]
+    changed.update(OLD)
     key = DemoConfig(out=out, budget="smoke").key()
     (out / "run.json").write_text(json.dumps({"config": key, "budget": changed}))
     steps = BUDGETS["smoke"].warm_steps

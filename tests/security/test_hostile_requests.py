@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import random
+import socket
 import sys
 import threading
 import time
@@ -541,3 +542,27 @@ def test_a_very_long_id_in_a_path_is_a_4xx(server, method, path):
     body = {"tinker_path": f"tinker://{'a' * 5000}/weights/x"}
     resp = post(server, "weights_info", json=body)
     assert resp.status_code == 400 and "1 to 200 characters" in resp.text, resp.text[:300]
+
+
+# -- 7. headers that never end ----------------------------------------------------------------
+
+
+ENDLESS_HEADERS = 64 << 20
+"""Bytes of header lines the client tries to send: the server must hang up long before."""
+
+
+def test_headers_that_never_end_are_cut_off(server):
+    """A request whose header lines never end is dropped after a bounded amount: uvicorn's
+    h11 parser holds at most 16 KiB of an unfinished request. (Its httptools parser holds
+    every header line it is sent, which is why plies' servers do not run on it.)"""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    line = b"X-Filler: " + b"a" * 8000 + b"\r\n"
+    sent = 0
+    with hostile(server), socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        with contextlib.suppress(OSError):  # the server hangs up: reset, or a broken pipe
+            while sent < ENDLESS_HEADERS:
+                sock.sendall(line)
+                sent += len(line)
+    assert sent < ENDLESS_HEADERS, f"the server took {sent >> 20} MiB of header lines"
+    assert server.http.get("/health").status_code == 200

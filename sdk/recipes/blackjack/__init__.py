@@ -6,14 +6,13 @@
 2. the reference server (`plies serve`) on 127.0.0.1, in its own session so that Ctrl-C
    reaches only this process, which decides what to stop;
 3. a supervised warm start (`warm_start`: `cross_entropy` through the `TrainingClient`) on
-   `transcripts`: in the default budget each hand is played by a threshold player (hit
-   while the total is below a threshold of its own), so the model learns the call's format
-   and to read the total, but no threshold and nothing about the dealer's card, which are
-   left to RL (the quick and smoke budgets flip coins: the format only);
+   `transcripts`: each hand is played by a threshold player (hit while the total is below
+   a threshold of its own), so the model learns the call's format and to read the total,
+   but no threshold and nothing about the dealer's card, which are left to RL;
 4. GRPO (`grpo`, on `plies.rl.grpo`, the loop every trainer script shares): each group is
-   G episodes of one seeded deal, advantages are each reward
-   minus the group mean (in the default budget, less half the share that moves every
-   state alike: `contrast`), `training_groups` checks every group, then `forward_backward`
+   G episodes of one seeded deal, advantages are each reward minus the group mean, less the
+   share that moves every state alike (`contrast`), `training_groups` checks every group,
+   then `forward_backward`
    (PPO's clipped ratio) + `optim_step` + `save_policy` + publish; every episode samples at
    the budget's `top_p` and the batches say so; new groups are admitted
    under the new policy while the driver's bound on groups in flight keeps sampling at most

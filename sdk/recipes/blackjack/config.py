@@ -19,9 +19,6 @@ SYSTEM_PROMPT = "You play Blackjack. Reply with exactly one tool call: hit or st
 TEMPLATE_KWARGS = MappingProxyType({"enable_thinking": False})
 """Qwen3 without thinking: a completion is just `<tool_call>...</tool_call><|im_end|>`."""
 
-WarmPlayers = Literal["random", "thresholds"]
-Advantages = Literal["group", "state_contrast"]
-
 TRAIN_SEEDS = 0
 EVAL_SEEDS = 1_000_000_000
 WARM_SEEDS = 2_000_000_000
@@ -81,16 +78,6 @@ class Budget:
     eval_concurrency: int = 64
     max_turns: int = 10
     max_new_tokens: int = 32
-    warm_players: WarmPlayers = "random"
-    """Who plays the warm start's transcripts (`transcripts`): coin flips, or threshold
-    players whose labels depend on the total."""
-    advantages: Advantages = "group"
-    """`group`: each member's reward minus its group's mean, on every sampled token.
-    `state_contrast`: the same, less the share that moves every state's hit rate alike
-    (`contrast.state_contrast`): not an unbiased policy gradient, but at half share it kept
-    GRPO from drifting to stand where group advantages drifted (docs/research.md)."""
-    contrast_share: float = 1.0
-    """How much of the shared share `state_contrast` removes, from 0 (none) to 1 (all)."""
     top_p: float = 1.0
     """Nucleus sampling, for every episode the run plays (GRPO's and the evaluations'): each
     token is drawn from the most likely tokens holding this share of the probability, and the
@@ -110,16 +97,11 @@ class Budget:
                     )
             elif value < least:
                 raise ConfigError(f"budget field {name} is {value}: at least {least}")
-        if not 0.0 <= self.contrast_share <= 1.0:
-            raise ConfigError(
-                f"budget field contrast_share is {self.contrast_share}: a share from 0 to 1"
-            )
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"budget field top_p is {self.top_p}: a share above 0, at most 1")
-        for name, kind in _CHOICES.items():
-            value, known = getattr(self, name), get_args(kind)
-            if value not in known:
-                raise ConfigError(f"budget field {name} is {value!r}; known: {', '.join(known)}")
+        if self.loss not in get_args(LossName):
+            known = ", ".join(get_args(LossName))
+            raise ConfigError(f"budget field loss is {self.loss!r}; known: {known}")
 
     @property
     def grpo(self) -> GRPOConfig:
@@ -151,17 +133,16 @@ _LEAST: dict[str, float] = {
 members for a group baseline to say anything; `curve_every` 0 draws no curve."""
 
 
-_CHOICES: dict[str, Any] = {
-    "warm_players": WarmPlayers,
-    "advantages": Advantages,
-    "loss": LossName,
+_REMOVED: dict[str, tuple[Any, str]] = {
+    "warm_tail_steps": (0, "the warm start's second stage"),
+    "warm_tail_lr": (3e-2, "the warm start's second stage"),
+    "warm_players": ("thresholds", "who plays the warm start's transcripts"),
+    "advantages": ("state_contrast", "GRPO's advantages"),
+    "contrast_share": (1.0, "the share of the update state_contrast removes"),
 }
-"""The fields that name one of a few choices, and the `Literal` that lists them."""
-
-
-_REMOVED: dict[str, Any] = {"warm_tail_steps": 0, "warm_tail_lr": 3e-2}
-"""Budget fields plies no longer has, at the defaults they had: the warm start's second stage
-(docs/research.md has what it measured)."""
+"""Budget fields plies no longer has (docs/research.md has what each measured): the value
+every run of this version plays, and what the field chose. Each was a research setting;
+the default budget's value stays."""
 
 
 def recorded_budget(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -171,18 +152,18 @@ def recorded_budget(saved: Mapping[str, Any]) -> dict[str, Any]:
     A run recorded before a field existed ran with that field's default behaviour (a new
     field's default is always the old behaviour), so resuming it must not be refused over
     the field's absence. A field without a default stays missing, and so differs. A removed
-    field at its old default is the behaviour this version has, so it is dropped; at another
-    value the run did what this version cannot, so it is refused.
+    field at the value this version plays is dropped; at another value the run did what
+    this version cannot, so it is refused.
 
     Raises:
-        ConfigError: the record holds a removed field at other than its old default.
+        ConfigError: the record holds a removed field at other than the value played now.
     """
-    for name, old in _REMOVED.items():
-        if name in saved and saved[name] != old:
+    for name, (now, what) in _REMOVED.items():
+        if name in saved and saved[name] != now:
             raise ConfigError(
                 f"the run was made with budget field {name}={saved[name]}, which this version "
-                "of plies no longer has (the warm start's second stage): resume it with the "
-                "version that made it, or start over with --fresh"
+                f"of plies no longer has ({what}): resume it with the version that made it, "
+                "or start over with --fresh"
             )
     defaults = {f.name: f.default for f in fields(Budget) if f.default is not MISSING}
     return {**defaults, **{k: v for k, v in saved.items() if k not in _REMOVED}}
@@ -235,7 +216,6 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
             warm_hands=1024, warm_steps=500, warm_batch=16, warm_lr=3e-3,
             grpo_steps=45, groups_per_step=8, group_size=16, lr=1e-3,
             eval_hands=2000, curve_every=10, curve_hands=200,
-            warm_players="thresholds", advantages="state_contrast", contrast_share=1.0,
             top_p=0.8,
         ),
         "quick": Budget(
@@ -250,13 +230,14 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
         ),
     }
 )  # fmt: skip
-"""The presets. `default` is the flagship, each choice measured in docs/research.md: a slow
-warm start on threshold players, so the decision reads the total; GRPO at a slow rate with
-the shared share of the update removed, so it does not collapse to always-stand, on 8 groups
-of 16 a step, so that the noise of a small batch does not walk the policy off course; and nucleus
-sampling at 0.8, so the call's format cannot leak into the vocabulary's tail and a state the
-policy is sure of is played the same way every time. `quick` and `smoke` keep the
-fast warm start of random play: a look at the loop and a test of it, not a strategy."""
+"""The presets. Every budget warm-starts on threshold players, so the decision reads the
+total, and trains GRPO with the shared share of the update removed (`contrast`), so it does
+not collapse to always-stand. `default` is the flagship, each choice measured in
+docs/research.md: a slow warm start; GRPO at a slow rate on 8 groups of 16 a step, so that
+the noise of a small batch does not walk the policy off course; and nucleus sampling at 0.8,
+so the call's format cannot leak into the vocabulary's tail and a state the policy is sure of
+is played the same way every time. `quick` and `smoke` take a fast warm start: a look at the
+loop and a test of it, not a strategy."""
 
 
 EnvName = Literal["local", "openenv"]

@@ -8,10 +8,10 @@ below included (docs/research.md measured this). `state_contrast` removes that s
 it subtracts from each decision token's advantage a multiple of `1[hit] - p_hit`, chosen so
 that the sum over the batch is zero. What is left credits a decision only against the others
 in the batch, so it can move the hit rate from one state to another but not all together.
-It is an action-dependent baseline, so it is not an unbiased policy gradient. The default
-budget removes all of it (`contrast_share` 1): with nucleus sampling at 0.8 the cut plays the
-ends of the chart, and a run that removed half drifted to stand everywhere late in its
-steps, where this one kept hitting low totals (docs/research.md).
+It is an action-dependent baseline, so it is not an unbiased policy gradient. All of it is
+removed: with nucleus sampling at 0.8 the cut plays the ends of the chart, and a run that
+removed half drifted to stand everywhere late in its steps, where removing all kept hitting
+low totals (docs/research.md).
 """
 
 from __future__ import annotations
@@ -39,13 +39,9 @@ def decision_tokens(tokenizer: PreTrainedTokenizerBase) -> DecisionTokens:
     return hit[k - 1], hit[k], stand[k]
 
 
-def state_contrast(
-    batch: TrainingBatch, tokens: DecisionTokens, *, share: float = 1.0
-) -> TrainingBatch:
-    """`batch` with `share` of the decision tokens' shared share of the update removed.
-
-    `share` 1 removes all of it, so the hit rate cannot move everywhere at once; a part
-    leaves the policy free to also sharpen everywhere once the states are told apart.
+def state_contrast(batch: TrainingBatch, tokens: DecisionTokens) -> TrainingBatch:
+    """`batch` with the decision tokens' shared share of the update removed, so the hit rate
+    cannot move everywhere at once.
 
     A decision token is a sampled hit or stand token right after the token that precedes
     the tool's name. Its `1[hit] - p_hit` is taken from the sampler's logprob of the token,
@@ -63,7 +59,7 @@ def state_contrast(
     norm = sum(x * x for _, _, x in spots)
     if norm == 0.0:
         return batch
-    shared = share * sum(batch.data[i].advantages[pos] * x for i, pos, x in spots) / norm
+    shared = sum(batch.data[i].advantages[pos] * x for i, pos, x in spots) / norm
     advantages = [list(d.advantages) for d in batch.data]
     for i, pos, x in spots:
         advantages[i][pos] -= shared * x

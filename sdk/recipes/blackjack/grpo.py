@@ -32,11 +32,9 @@ def train_tasks(seed: int) -> Callable[[int], Task]:
     return lambda i: Task(id=f"{name}-{i}", seed=TRAIN_SEEDS + seed * SEED_STRIDE + i)
 
 
-def contrast(budget: Budget, decisions: DecisionTokens) -> Shape | None:
-    """The batch rewrite `budget.advantages` asks for (`state_contrast`), if any."""
-    if budget.advantages != "state_contrast":
-        return None
-    return lambda batch, _groups: state_contrast(batch, decisions, share=budget.contrast_share)
+def contrast(decisions: DecisionTokens) -> Shape:
+    """GRPO's batch rewrite: the decision tokens' shared share removed (`state_contrast`)."""
+    return lambda batch, _groups: state_contrast(batch, decisions)
 
 
 async def retrain(
@@ -62,12 +60,9 @@ async def retrain(
             f"run.json records no Blackjack budget ({exc!r}); --train-only re-feeds steps of "
             "plies demo blackjack"
         ) from None
-    shape = None
-    if budget.advantages == "state_contrast":  # the policy directory carries its tokenizer
-        from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # the policy directory carries its tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(policy_path(policy))
-        shape = contrast(budget, decision_tokens(tokenizer))
+    shape = contrast(decision_tokens(AutoTokenizer.from_pretrained(policy_path(policy))))
     _, info = await train_on(trainer, step, groups, policy, budget.grpo, shape=shape)
     return info
 
@@ -85,7 +80,7 @@ async def grpo(run: RunState, policy: PolicyRef) -> PolicyRef:
         if budget.curve_every and step % budget.curve_every == 0:
             await evaluate(run, policy, budget.curve_hands, "curve", step)
 
-    shape = contrast(budget, decision_tokens(run.tokenizer))
+    shape = contrast(decision_tokens(run.tokenizer))
     return await rl.grpo(
         run.loop,
         policy,
