@@ -24,6 +24,9 @@ from ._grpo import Shape as Shape
 from ._grpo import grpo as grpo
 from ._grpo import train_on as train_on
 from ._progress import RunProgress as RunProgress
+from ._repeat import REPEATS as REPEATS
+from ._repeat import played as played
+from ._repeat import repeat_certain as repeat_certain
 from ._retention import retain as retain
 from ._runlog import RunLog as RunLog
 from ._session import run_session as run_session
@@ -39,6 +42,7 @@ from ._train import remove_run_dir as remove_run_dir
 from ._train import train as train
 
 __all__ = [
+    "REPEATS",
     "RUN_SCHEMA",
     "Z95",
     "GRPOConfig",
@@ -56,8 +60,10 @@ __all__ = [
     "mean_stderr",
     "paired_improvement",
     "play_tasks",
+    "played",
     "plot_curve",
     "remove_run_dir",
+    "repeat_certain",
     "retain",
     "run_session",
     "train",

@@ -45,6 +45,7 @@ from plies.training import (
 
 from ._lines import step_line, stopped_line
 from ._progress import RunProgress
+from ._repeat import played, repeat_certain
 from ._runlog import RunLog
 from ._step import train_step
 
@@ -201,11 +202,11 @@ def set_aside_reason(group: Group, policy: PolicyRef, config: GRPOConfig) -> str
     Groups are judged as they arrive, so a batch is filled with groups that carry a signal:
     once the policy plays most tasks one way, most groups tie, and a batch of the first
     `groups_per_step` groups would train on one or two of them, a step as large as a full
-    batch's driven by a group or two's noise. A "certain" group holds one member, every token
-    of it drawn with certainty: the driver did not play the others, which would have repeated
-    it (`GroupSpec.deterministic`).
+    batch's driven by a group or two's noise. A "certain" group played one member, every
+    token of it drawn with certainty, and the others repeated it (`repeat_certain`; a run
+    logged before that holds such a group as its one member).
     """
-    if group.size == 1 < config.group_size:
+    if played(group) == 1 < config.group_size:
         return "certain"
     selection = training_groups([group], policy=policy, max_staleness=config.max_staleness)
     if selection.refused:
@@ -294,10 +295,11 @@ async def grpo(
 
     `tasks(i)` is the task of the `i`-th group sampled (0, 1, ...: a resumed run continues
     the count). `deterministic`: a task's episode is fixed by its tokens alone, so a group
-    drawn with certainty plays one member (`GroupSpec.deterministic`). `after_step(step,
-    policy)` runs after each step is logged (a learning-curve evaluation, say), and again at a
-    resume for the step the run stopped after, so it must skip work its log already holds;
-    it may raise `Interrupted`, and the groups in flight then drain to disk first.
+    whose first member was drawn with certainty plays only it (`repeat_certain`).
+    `after_step(step, policy)` runs after each step is logged (a learning-curve evaluation,
+    say), and again at a resume for the step the run stopped after, so it must skip work its
+    log already holds; it may raise `Interrupted`, and the groups in flight then drain to disk
+    first.
 
     Returns:
         The newest policy.
@@ -317,17 +319,16 @@ async def grpo(
 
     def spec(index: int) -> GroupSpec:
         task, gid = tasks(index), _group_id(index)
-        return GroupSpec(
-            task_id=task.id, size=config.group_size, task=task, id=gid,
-            deterministic=deterministic,
-        )  # fmt: skip
+        return GroupSpec(task_id=task.id, size=config.group_size, task=task, id=gid)
+
+    play = repeat_certain(run.play) if deterministic else run.play
 
     with (
         JsonlSink(run.out / "groups.jsonl") as sink,
         run.progress.phase("GRPO steps", config.steps, completed=step) as phase,
     ):
         async with RolloutDriver(
-            run.resources, run.play, policy=policy,
+            run.resources, play, policy=policy,
             max_groups_in_flight=config.groups_in_flight, sink=sink,
         ) as driver, run.progress.sampling(phase, driver):  # fmt: skip
             run.interrupts.attach(driver)
@@ -359,7 +360,7 @@ async def grpo(
                     if why is not None:
                         run.log.write(
                             "set_aside", step=step, groups=[group.id], reason=why,
-                            episodes=group.size,
+                            episodes=played(group),
                         )  # fmt: skip
                         stopped = stop_if_idle()
                         continue

@@ -128,15 +128,12 @@ class RolloutDriver(DriverBase):
     # the driver's hooks -----------------------------------------------------------------------
 
     def _place(self, spec: GroupSpec, policy: PolicyRef) -> None:
-        self._start(_GroupState(spec, policy), range(1 if spec.deterministic else spec.size))
-
-    def _start(self, state: _GroupState, members: range) -> None:
         assert self._tg is not None
-        spec = state.spec
-        self._admitted += len(members)
-        self._running += len(members)
-        for index in members:
-            ctx = EpisodeContext(self.resources, spec, index, state.policy, self._count_turn)
+        state = _GroupState(spec, policy)
+        self._admitted += spec.size
+        self._running += spec.size
+        for index in range(spec.size):
+            ctx = EpisodeContext(self.resources, spec, index, policy, self._count_turn)
             self._tg.start_soon(self._run, state, ctx, name=f"episode {spec.id}/{index}")
 
     def _count_turn(self) -> None:
@@ -197,27 +194,13 @@ class RolloutDriver(DriverBase):
         state.members[ctx.index] = traj
         state.settled += 1
         spec = state.spec
-        if spec.deterministic and state.settled == 1 < spec.size:
-            if not _certain(traj):
-                self._start(state, range(1, spec.size))  # cancelled ones settle at once
-                return
-            state.members = [traj]  # the others would repeat it token for token
         if state.settled == len(state.members):
             group = Group(
                 id=spec.id,
                 task_id=spec.task_id,
-                size=len(state.members),
+                size=spec.size,
                 policy=state.policy,
                 trajectories=[t for t in state.members if t is not None],
             )
             self._handout.add(group, self.sink)
         self._handout.wake()
-
-
-def _certain(traj: Trajectory) -> bool:
-    """The episode completed and drew every token with certainty (logprob exactly 0)."""
-    return (
-        traj.status is Status.COMPLETED
-        and bool(traj.turns)
-        and all(lp == 0.0 for turn in traj.turns for lp in turn.logprobs)
-    )

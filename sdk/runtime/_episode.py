@@ -34,20 +34,12 @@ class GroupSpec:
         size: members of the group (GRPO samples per prompt).
         task: anything the episode needs (a prompt, a seed); passed as `ctx.task`.
         id: the group id; a fresh one when not given.
-        deterministic: the episode is a function of the task and the sampled tokens alone
-            (a seeded environment). Member 0 then plays first; if it completes and every
-            token it sampled was certain (logprob exactly 0: alone in its nucleus), the
-            others would repeat it token for token and tie, so the group completes with that
-            one member (`Group.size` 1) and the rest are never admitted. With nucleus
-            sampling most groups of a sharp policy are such groups, and GRPO learns nothing
-            from them; playing one member rather than all is what makes them cheap.
     """
 
     task_id: str
     size: int = 1
     task: Any = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -59,6 +51,7 @@ class EpisodeContext:
 
     Attributes:
         task, task_id, group_id, index: what to play and which member this is.
+        group_size: how many members the group has (`GroupSpec.size`).
         policy: the policy the group was admitted under (a `PolicyRef`); pass it to
             `sampler.sample(policy=)`.
         trajectory: a fresh trajectory with the ids filled in; record turns on it.
@@ -71,6 +64,7 @@ class EpisodeContext:
         "_count_turn",
         "_leases",
         "group_id",
+        "group_size",
         "index",
         "policy",
         "resources",
@@ -95,6 +89,7 @@ class EpisodeContext:
         self.task = spec.task
         self.task_id = spec.task_id
         self.group_id = spec.id
+        self.group_size = spec.size
         self.index = index
         self.policy = policy
         self.trajectory = Trajectory(task_id=spec.task_id, group_id=spec.id)

@@ -386,8 +386,6 @@ class ShardedDriver(DriverBase):
             held = shard.held.pop(group.id, None)
             if held is None:
                 continue  # already settled here (the shard was counted lost meanwhile)
-            # A deterministic group whose first member was certain played only that one.
-            self._admitted -= held[0].size - group.size
             for traj in group.trajectories:
                 shard.received[traj.status or Status.FAILED] += 1
             self._handout.add(group, self.sink)

@@ -37,6 +37,7 @@ from plies import ConfigError, Group, PliesError, PolicyRef, Trajectory, Turn
 from plies.policy import SamplingParams, VLLMClient, publish
 from plies.policy._paths import policy_path
 from plies.policy._seeded import turn_seed
+from plies.rl import REPEATS
 from plies.testing import ServerProcess, plies_command, serve_process
 
 from ._files import JSON_CAP, JSONL_CAP, first_error, iter_lines, read_regular
@@ -226,9 +227,10 @@ async def _replay_member(
     client: VLLMClient, traj: Trajectory, params: SamplingParams, policies: dict[int, PolicyRef]
 ) -> list[TurnReplay]:
     out = []
+    sampled_by = traj.info.get(REPEATS, traj.id)  # a repeat's tokens are its first member's
     for k, turn in enumerate(traj.turns):
         prompt = traj.prompt_ids(k)
-        seeded = params.model_copy(update={"seed": turn_seed(traj.id, len(prompt))})
+        seeded = params.model_copy(update={"seed": turn_seed(sampled_by, len(prompt))})
         got = await client.sample(prompt, seeded, policy=policies[turn.policy.version])
         out.append(_compare(k, turn, got.ids, got.logprobs))
     return out

@@ -20,11 +20,12 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from shard_parts import SKIP, StandInPolicy, episode, make_pool, make_shard, task
+from shard_parts import SKIP, Episode, StandInPolicy, episode, make_pool, make_shard, task
 
 pytest.importorskip("ray.actor", reason=SKIP)
 
 from plies import ConfigError, Group, PolicyRef, Status
+from plies.rl import played, repeat_certain
 from plies.runtime import (
     GroupSpec,
     JsonlSink,
@@ -96,13 +97,15 @@ async def admit_all(driver: Any, specs: list[GroupSpec]) -> None:
     driver.close_admission()
 
 
-async def run_in_process(url: str, tmp: Path, specs: list[GroupSpec] = SPECS) -> list[Group]:
+async def run_in_process(
+    url: str, tmp: Path, specs: list[GroupSpec] = SPECS, play: Episode = episode
+) -> list[Group]:
     async with httpx.AsyncClient(timeout=60) as http:
         policy = StandInPolicy(url, http)
         with JsonlSink(tmp / "one.jsonl") as sink:
             async with (
                 RolloutResources(sampler=policy, pools=[make_pool()]) as res,
-                RolloutDriver(res, episode, policy=V0, max_groups_in_flight=4, sink=sink) as d,
+                RolloutDriver(res, play, policy=V0, max_groups_in_flight=4, sink=sink) as d,
                 anyio.create_task_group() as tg,
             ):
                 tg.start_soon(admit_all, d, specs)
@@ -141,28 +144,28 @@ async def test_same_groups_as_one_process(local_ray, policy_url, tmp_path):
     assert report.complete and report.entries == []
 
 
-async def test_a_certain_deterministic_group_is_one_member_and_counted_so(
+async def test_a_certain_group_repeats_its_first_member_on_a_shard_as_in_one_process(
     local_ray, policy_url, tmp_path
 ):
-    """A deterministic group whose first member drew every token with certainty completes
-    with that member alone, on a shard as in one process, and the head counts one episode."""
+    """`repeat_certain` is an episode wrapper, so a shard runs it as one process does: a group
+    whose first member drew every token with certainty holds that member and three repeats."""
     specs = [
-        GroupSpec(f"task{i}", size=4, task=task(2, sure=i % 2 == 0), id=f"d{i}", deterministic=True)
-        for i in range(6)
+        GroupSpec(f"task{i}", size=4, task=task(2, sure=i % 2 == 0), id=f"d{i}") for i in range(6)
     ]
-    one = await run_in_process(policy_url, tmp_path, specs)
+    play = repeat_certain(episode)
+    one = await run_in_process(policy_url, tmp_path, specs, play)
     async with ShardedDriver(
-        partial(make_shard, policy_url), shards=2, policy=V0, max_groups_in_flight=4
+        partial(make_shard, policy_url, play=play), shards=2, policy=V0, max_groups_in_flight=4
     ) as d:
         async with anyio.create_task_group() as tg:
             tg.start_soon(admit_all, d, specs)
             sharded = [g async for g in d.groups()]
         stats = d.statistics()
     assert shape(sharded) == shape(one)
-    assert sorted((g.id, g.size, len(g.trajectories)) for g in sharded) == [
-        (f"d{i}", 1 if i % 2 == 0 else 4, 1 if i % 2 == 0 else 4) for i in range(6)
+    assert sorted((g.id, g.size, played(g)) for g in sharded) == [
+        (f"d{i}", 4, 1 if i % 2 == 0 else 4) for i in range(6)
     ]
-    assert stats.admitted == stats.settled[Status.COMPLETED] == 3 * 1 + 3 * 4
+    assert stats.admitted == stats.settled[Status.COMPLETED] == 6 * 4
     assert stats.running == 0 and stats.groups_in_flight == 0
 
 

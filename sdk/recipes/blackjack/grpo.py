@@ -1,9 +1,9 @@
 """Blackjack's GRPO phase: `plies.rl.grpo` on seeded deals, with the learning curve between steps.
 
 Each group is `group_size` hands of one seeded deal, so rewards differ only by the actions,
-and a hand whose every token was drawn with certainty is its deal and its calls: the driver
-plays it once (`deterministic`). `retrain` recomputes a logged step for `plies replay
---train-only`.
+and a hand whose every token was drawn with certainty is its deal and its calls: a group
+plays it once and its other members repeat it (`deterministic`, `plies.rl.repeat_certain`).
+`retrain` recomputes a logged step for `plies replay --train-only`.
 """
 
 from __future__ import annotations
