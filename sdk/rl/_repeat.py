@@ -73,6 +73,9 @@ def repeat_certain(play: Episode) -> Episode:
                     first.done.set()
             await first.done.wait()
             if first.record is not None:
+                # Sampled once, by member 0: the driver's turn count (turns/s) stays the
+                # turns sampled, so the repeat's are marked as counted already.
+                ctx.turns_counted = len(first.record.turns)
                 info = {**first.record.info, REPEATS: first.record.id}
                 return first.record.model_copy(update={"id": ctx.trajectory.id, "info": info})
         finally:

@@ -71,6 +71,7 @@ async def test_a_certain_first_member_is_repeated_and_an_uncertain_one_is_not():
         Status.FAILED, Status.COMPLETED, Status.COMPLETED,
     ]  # fmt: skip
     assert stats.admitted == 12
+    assert stats.turns == 12 - 3  # one turn an episode; the repeats sampled none
     assert stats.settled[Status.COMPLETED] == 11 and stats.settled[Status.FAILED] == 1
 
 
