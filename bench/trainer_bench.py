@@ -66,7 +66,11 @@ def child(setting: str, steps: int, threads: int) -> dict[str, float]:
     tokenizer = AutoTokenizer.from_pretrained(testing.qwen3_tokenizer_dir())
     renderer = ChatRenderer(tokenizer, template_kwargs=dict(TEMPLATE_KWARGS))
     base = PolicyRef(uri="file:///base", version=0)
-    data = anyio.run(lambda: transcripts(renderer, tokenizer, budget.warm_hands, policy=base))
+    data = anyio.run(
+        lambda: transcripts(
+            renderer, tokenizer, budget.warm_hands, policy=base, players=budget.warm_players
+        )
+    )
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
         store = PolicyStore.open(Path(tmp), testing.tiny_model_dir())
         config = TrainerConfig(checkpoint_seconds=seconds)

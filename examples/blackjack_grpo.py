@@ -74,11 +74,13 @@ async def blackjack_grpo(out: Path, budget: Budget, interrupts: Interrupts) -> N
             print(f"{label}: return {mean:+.3f} (95% CI {rl.ci95(mean, stderr)}) held out")
             return mean
 
-        # 1. Warm start: supervised steps on threshold players' hands teach the tool-call
-        #    format and to read the total, not a strategy. Steps the trainer
+        # 1. Warm start: supervised steps teach the tool-call format (and, with
+        #    `thresholds` players, to read the total), not a strategy. Steps the trainer
         #    already applied (a resumed run) are answered from its journal.
         base = PolicyRef.model_validate(server.ready["policy"])
-        data = await transcripts(renderer, tokenizer, budget.warm_hands, policy=base)
+        data = await transcripts(
+            renderer, tokenizer, budget.warm_hands, policy=base, players=budget.warm_players
+        )
         policy = await warm_start(trainer, data, budget, on_step=stop_if_interrupted)
         await publish(policy, [sampler])
         before = await evaluate(policy, "warm start")

@@ -178,7 +178,9 @@ def warm_server(
         base = PolicyRef.model_validate(server.policy)
 
         async def train() -> PolicyRef:
-            data = await transcripts(renderer, tokenizer, WARM.warm_hands, policy=base)
+            data = await transcripts(
+                renderer, tokenizer, WARM.warm_hands, policy=base, players=WARM.warm_players
+            )
             async with TrainingClient(server.url) as trainer:
                 policy = await warm_start(trainer, data, WARM)
             async with VLLMClient(server.url, server.model) as sampler:

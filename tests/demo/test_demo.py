@@ -365,6 +365,7 @@ def test_a_budget_whose_numbers_changed_is_refused_in_one_line(tmp_path):
         ("warm_lr=-1", "budget field warm_lr is -1.0: a finite number > 0"),
         ("group_size=1", "budget field group_size is 1: at least 2"),
         ("loss=adam", "budget field loss is 'adam'; known: importance_sampling, ppo"),
+        ("warm_players=dealer", "budget field warm_players is 'dealer'; known: random, thr"),
         ("advantages=group", "--set advantages: not a budget field; known: warm_hands,"),
         ("curve_every=-1", "budget field curve_every is -1: at least 0"),
         ("top_p=0", "budget field top_p is 0.0: a finite number > 0"),

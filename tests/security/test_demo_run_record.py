@@ -63,8 +63,8 @@ def test_a_run_recorded_before_a_field_existed_reads_it_at_its_default():
 
 
 OLD = {
-    "warm_tail_steps": 0, "warm_tail_lr": 3e-2, "warm_players": "thresholds",
-    "advantages": "state_contrast", "contrast_share": 1.0,
+    "warm_tail_steps": 0, "warm_tail_lr": 3e-2, "advantages": "state_contrast",
+    "contrast_share": 1.0,
 }  # fmt: skip
 """Budget fields since removed, as an older run.json recorded them: at the values every run
 of this version plays."""
@@ -73,8 +73,8 @@ of this version plays."""
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("warm_tail_steps", 2), ("warm_tail_lr", 1e-2), ("warm_players", "random"),
-        ("advantages", "group"), ("contrast_share", 0.5),
+        ("warm_tail_steps", 2), ("warm_tail_lr", 1e-2), ("advantages", "group"),
+        ("contrast_share", 0.5),
     ],
 )  # fmt: skip
 def test_a_field_removed_since_is_dropped_at_the_value_played_now_and_refused_otherwise(

@@ -6,9 +6,10 @@
 2. the reference server (`plies serve`) on 127.0.0.1, in its own session so that Ctrl-C
    reaches only this process, which decides what to stop;
 3. a supervised warm start (`warm_start`: `cross_entropy` through the `TrainingClient`) on
-   `transcripts`: each hand is played by a threshold player (hit while the total is below
-   a threshold of its own), so the model learns the call's format and to read the total,
-   but no threshold and nothing about the dealer's card, which are left to RL;
+   `transcripts`: in the default budget each hand is played by a threshold player (hit
+   while the total is below a threshold of its own), so the model learns the call's format
+   and to read the total, but no threshold and nothing about the dealer's card, which are
+   left to RL (the quick and smoke budgets flip coins: the format only);
 4. GRPO (`grpo`, on `plies.rl.grpo`, the loop every trainer script shares): each group is
    G episodes of one seeded deal, advantages are each reward minus the group mean, less the
    share that moves every state alike (`contrast`), `training_groups` checks every group,

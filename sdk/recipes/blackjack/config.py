@@ -19,6 +19,8 @@ SYSTEM_PROMPT = "You play Blackjack. Reply with exactly one tool call: hit or st
 TEMPLATE_KWARGS = MappingProxyType({"enable_thinking": False})
 """Qwen3 without thinking: a completion is just `<tool_call>...</tool_call><|im_end|>`."""
 
+WarmPlayers = Literal["random", "thresholds"]
+
 TRAIN_SEEDS = 0
 EVAL_SEEDS = 1_000_000_000
 WARM_SEEDS = 2_000_000_000
@@ -78,6 +80,10 @@ class Budget:
     eval_concurrency: int = 64
     max_turns: int = 10
     max_new_tokens: int = 32
+    warm_players: WarmPlayers = "random"
+    """Who plays the warm start's transcripts (`transcripts`): coin flips, which teach the
+    call's format and nothing else (fast, for the short budgets), or threshold players whose
+    labels depend on the total."""
     top_p: float = 1.0
     """Nucleus sampling, for every episode the run plays (GRPO's and the evaluations'): each
     token is drawn from the most likely tokens holding this share of the probability, and the
@@ -99,9 +105,10 @@ class Budget:
                 raise ConfigError(f"budget field {name} is {value}: at least {least}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"budget field top_p is {self.top_p}: a share above 0, at most 1")
-        if self.loss not in get_args(LossName):
-            known = ", ".join(get_args(LossName))
-            raise ConfigError(f"budget field loss is {self.loss!r}; known: {known}")
+        for name, kind in (("warm_players", WarmPlayers), ("loss", LossName)):
+            value, known = getattr(self, name), get_args(kind)
+            if value not in known:
+                raise ConfigError(f"budget field {name} is {value!r}; known: {', '.join(known)}")
 
     @property
     def grpo(self) -> GRPOConfig:
@@ -136,7 +143,6 @@ members for a group baseline to say anything; `curve_every` 0 draws no curve."""
 _REMOVED: dict[str, tuple[Any, str]] = {
     "warm_tail_steps": (0, "the warm start's second stage"),
     "warm_tail_lr": (3e-2, "the warm start's second stage"),
-    "warm_players": ("thresholds", "who plays the warm start's transcripts"),
     "advantages": ("state_contrast", "GRPO's advantages"),
     "contrast_share": (1.0, "the share of the update state_contrast removes"),
 }
@@ -216,7 +222,7 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
             warm_hands=1024, warm_steps=500, warm_batch=16, warm_lr=3e-3,
             grpo_steps=45, groups_per_step=8, group_size=16, lr=1e-3,
             eval_hands=2000, curve_every=10, curve_hands=200,
-            top_p=0.8,
+            warm_players="thresholds", top_p=0.8,
         ),
         "quick": Budget(
             warm_hands=512, warm_steps=120, warm_batch=8, warm_lr=3e-2,
@@ -230,14 +236,15 @@ BUDGETS: MappingProxyType[str, Budget] = MappingProxyType(
         ),
     }
 )  # fmt: skip
-"""The presets. Every budget warm-starts on threshold players, so the decision reads the
-total, and trains GRPO with the shared share of the update removed (`contrast`), so it does
-not collapse to always-stand. `default` is the flagship, each choice measured in
-docs/research.md: a slow warm start; GRPO at a slow rate on 8 groups of 16 a step, so that
-the noise of a small batch does not walk the policy off course; and nucleus sampling at 0.8,
-so the call's format cannot leak into the vocabulary's tail and a state the policy is sure of
-is played the same way every time. `quick` and `smoke` take a fast warm start: a look at the
-loop and a test of it, not a strategy."""
+"""The presets. Every budget trains GRPO with the shared share of the update removed
+(`contrast`), so it does not collapse to always-stand. `default` is the flagship, each choice
+measured in docs/research.md: a slow warm start on threshold players, so the decision reads
+the total; GRPO at a slow rate on 8 groups of 16 a step, so that the noise of a small batch
+does not walk the policy off course; and nucleus sampling at 0.8, so the call's format cannot
+leak into the vocabulary's tail and a state the policy is sure of is played the same way
+every time. `quick` and `smoke` keep the fast warm start of random play, which teaches the
+format only: a look at the loop and a test of it, not a strategy (their few steps on
+threshold players' longer hands do not settle the format, and then every group ties)."""
 
 
 EnvName = Literal["local", "openenv"]

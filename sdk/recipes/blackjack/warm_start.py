@@ -1,4 +1,4 @@
-"""The supervised warm start: threshold players' hands, and steps taken exactly once."""
+"""The supervised warm start: random-play transcripts, and training steps taken exactly once."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from plies.rl import Metrics, train_step
 from plies.tokens import ChatRenderer
 from plies.training import Datum, Trainer, TrainingBatch
 
-from .config import SEED_STRIDE, SYSTEM_PROMPT, WARM_SEEDS, Budget
+from .config import SEED_STRIDE, SYSTEM_PROMPT, WARM_SEEDS, Budget, WarmPlayers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -33,13 +33,16 @@ async def transcripts(
     hands: int,
     *,
     policy: PolicyRef,
+    players: WarmPlayers = "random",
     seed: int = 0,
 ) -> list[Trajectory]:
-    """Hands played by threshold players, rendered exactly as the harness would.
+    """Hands played by `players`, rendered exactly as the harness would.
 
-    Each hand is played by its own threshold player (hit while the total is below a
-    threshold drawn uniformly from 12 to 21), so the labels depend on the total but favour
-    no threshold and ignore the dealer's card (docs/research.md has what coin flips did).
+    `random`: every call is a coin flip, so the warm start teaches the format and no
+    strategy, and nothing in its labels depends on the cards. `thresholds`: each hand is
+    played by its own threshold player (hit while the total is below a threshold drawn
+    uniformly from 12 to 21), so the labels depend on the total but favour no threshold
+    and ignore the dealer's card (see docs/research.md for what each did).
     Completions are the canonical tool-call ids; logprobs are 0 (the loss ignores them).
     `seed`: the run's seed (`config.RUN_SEEDS`): which deals are played, and the players'
     draws.
@@ -54,12 +57,15 @@ async def transcripts(
             opening = [{"role": "system", "content": SYSTEM_PROMPT}, *obs.messages]
             conv = renderer.start(opening, tools=obs.tools)
             traj = Trajectory(task_id=task.id)
-            threshold = rng.randint(12, 21)
+            threshold = rng.randint(12, 21) if players == "thresholds" else None
             info, done = obs.info, False
             while not done:
                 conv.render()
                 delta = conv.delta
-                name = "hit" if info["player_total"] < threshold else "stand"
+                if threshold is not None:
+                    name = "hit" if info["player_total"] < threshold else "stand"
+                else:
+                    name = rng.choice(("hit", "stand"))
                 completion = calls[name]
                 call = {"type": "function", "function": {"name": name, "arguments": {}}}
                 message = {"role": "assistant", "content": "", "tool_calls": [call]}
