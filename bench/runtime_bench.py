@@ -345,10 +345,9 @@ def main() -> None:
             raw = None
             for kind in args.clients:
                 row = run_on(
-                    args.loop,
-                    *(measure, url, c, args.turns, args.warmup, args.window, kind),
+                    args.loop, measure, url, c, args.turns, args.warmup, args.window, kind,
                     args.collector,
-                )
+                )  # fmt: skip
                 ideal = c / args.latency
                 achieved, cpu_us = window_rates(row.window_turns, row.window_s, row.window_cpu_s)
                 if kind == "raw":

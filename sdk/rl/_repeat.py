@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from ..runtime import EpisodeContext
-from ..trajectory import Group, Status, Trajectory
+from plies import Group, Status, Trajectory
+from plies.runtime import EpisodeContext
 
 __all__ = ["REPEATS", "played", "repeat_certain"]
 

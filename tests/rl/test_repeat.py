@@ -7,7 +7,8 @@ import pytest
 from free_env import REF, make
 
 from plies import Status, Turn
-from plies.rl import REPEATS, played, repeat_certain
+from plies.rl import REPEATS, GRPOConfig, played, repeat_certain
+from plies.rl._grpo import set_aside_reason
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
 
 pytestmark = pytest.mark.anyio
@@ -70,6 +71,10 @@ async def test_a_certain_first_member_is_repeated_and_an_uncertain_one_is_not():
     assert [t.status for t in groups["fails"].trajectories] == [
         Status.FAILED, Status.COMPLETED, Status.COMPLETED,
     ]  # fmt: skip
+    # GRPO sets the repeated group aside as certain, one episode's worth, not as tied.
+    config = GRPOConfig(steps=1, group_size=4)
+    assert set_aside_reason(groups["sure"], REF, config) == "certain"
+    assert set_aside_reason(groups["unsure"], REF, config) != "certain"
     assert stats.admitted == 12
     assert stats.turns == 12 - 3  # one turn an episode; the repeats sampled none
     assert stats.settled[Status.COMPLETED] == 11 and stats.settled[Status.FAILED] == 1
