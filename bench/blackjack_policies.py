@@ -47,7 +47,7 @@ from plies.environments.blackjack_exact import (
 )
 from plies.recipes.blackjack.config import EVAL_SEEDS
 from plies.recipes.blackjack.report import exact_figures
-from plies.rl import Z95, ci95, mean_stderr
+from plies.rl import ci95, mean_stderr
 
 Policy = Callable[[int, int, bool], float]
 
@@ -149,10 +149,11 @@ def judged(name: str, hands: int) -> None:
     refs = {ref: on_deals(p, seeds) for ref, p in REFERENCES.items()}
     t2 = time.perf_counter()
     low, high = figures["final_exact_ci95"]
+    sampled_low, sampled_high = ci95(mean, stderr)
     played = ", ".join(f"{ref} {v:+.4f}" for ref, v in refs.items())
     print(
         f"\nan evaluation of {name!r} on {hands} held-out deals: sampled {mean:+.4f} "
-        f"(95% CI {mean - Z95 * stderr:+.4f} to {mean + Z95 * stderr:+.4f}; the same deals "
+        f"(95% CI {sampled_low:+.4f} to {sampled_high:+.4f}; the same deals "
         f"played by {played}); priced {figures['final_exact']:+.4f} (95% CI {low:+.4f} to "
         f"{high:+.4f}); exact {expected_return(policy):+.4f}"
     )

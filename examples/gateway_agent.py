@@ -86,7 +86,7 @@ async def train(args: argparse.Namespace) -> None:
     from plies.training import (
         AdamParams,
         TrainingClient,
-        group_advantages,
+        grpo_advantages,
         training_batch,
         training_groups,
     )
@@ -154,7 +154,9 @@ async def train(args: argparse.Namespace) -> None:
                 )
                 if not selection.trainable:
                     continue
-                advantages = [group_advantages(g) for g in selection.trainable]
+                advantages = [
+                    grpo_advantages([t.reward for t in g.trajectories]) for g in selection.trainable
+                ]
                 batch = training_batch(selection.trainable, advantages, temperature=1.0)
                 result = await trainer.forward_backward(batch, loss="importance_sampling")
                 await trainer.optim_step(AdamParams(lr=args.lr))

@@ -319,7 +319,8 @@ def view(
     port: Annotated[int, typer.Option(help="Port for --serve; 0 picks a free one.")] = 0,
 ) -> None:
     """One offline HTML page of a run: curve, steps, groups, every turn's tokens."""
-    from .view import serve_live, write_page
+    from .view import write_page
+    from .view._serve import serve_live
 
     if not run_dir.is_dir():
         typer.echo(f"plies view: {run_dir} is not a directory", err=True)
@@ -368,7 +369,8 @@ def replay(
 
     from ._exceptions import ConfigError, PliesError
     from .policy import SamplingParams
-    from .view import replay_group, replay_step
+    from .view._replay import replay_group
+    from .view._train_replay import replay_step
 
     if train_only and (step is None or group is not None or member is not None):
         typer.echo("plies replay: --train-only takes --step N, and no --group/--member", err=True)

@@ -1,7 +1,7 @@
 """Policy clients: token ids in, sampled ids, logprobs and the producing policy out.
 
 - `SamplingParams`, `Completion`, and the `PolicyClient` protocol (`sample`);
-  `StreamingPolicyClient` (`sample_streaming`, telling a `TokenSink` the ids as they come),
+  `StreamingPolicyClient` (`sample_streaming`, telling a callback the ids as they come),
   which `VLLMClient` is, for vLLM and `plies serve`.
 - `VLLMClient`: vLLM's `/v1/completions`; also the client of the plies reference server.
 - `SGLangClient`: SGLang's native `/generate`.
@@ -13,10 +13,9 @@
 - `SESSION_HEADER`: the header (`X-Session-ID`) that carries `sample(session=...)`, the
   episode id, to a router in front of many engines.
 - Publication: `publish(policy, loaders)` makes a saved policy servable on each
-  `PolicyLoader` (a `VLLMClient` loads it under `served_name(version)`; `ReloadInPlace` swaps
-  the weights behind one name).
-- `load_lora_adapter`, `unload_lora_adapter`, `reload_weights`: switch the policy behind a
-  fleet (every engine of a client), keeping the client's name -> `PolicyRef` map in step.
+  `PolicyLoader` (a `VLLMClient` loads it under `served_name(version)` on every engine of its
+  fleet, and `unload_policy` frees it; `ReloadInPlace` swaps the weights behind one name),
+  keeping the client's name -> `PolicyRef` map in step.
 
 Logprob convention: each sampled token's logprob under the distribution it was drawn from
 (logits / temperature, then top-k, then top-p), vLLM's `processed_logprobs`.
@@ -27,7 +26,6 @@ from ._config import Timeout as Timeout
 from ._http import SESSION_HEADER as SESSION_HEADER
 from ._publish import ReloadInPlace as ReloadInPlace
 from ._publish import publish as publish
-from ._publish import reload_weights as reload_weights
 from ._seeded import SeededPolicy as SeededPolicy
 from ._sglang import SGLangClient as SGLangClient
 from ._tinker import TinkerPolicyClient as TinkerPolicyClient
@@ -36,10 +34,7 @@ from ._types import PolicyClient as PolicyClient
 from ._types import PolicyLoader as PolicyLoader
 from ._types import SamplingParams as SamplingParams
 from ._types import StreamingPolicyClient as StreamingPolicyClient
-from ._types import TokenSink as TokenSink
 from ._vllm import VLLMClient as VLLMClient
-from ._vllm import load_lora_adapter as load_lora_adapter
-from ._vllm import unload_lora_adapter as unload_lora_adapter
 
 __all__ = [
     "SESSION_HEADER",
@@ -53,12 +48,8 @@ __all__ = [
     "StreamingPolicyClient",
     "Timeout",
     "TinkerPolicyClient",
-    "TokenSink",
     "VLLMClient",
-    "load_lora_adapter",
     "publish",
-    "reload_weights",
-    "unload_lora_adapter",
 ]
 
 _name_after(__name__, globals())

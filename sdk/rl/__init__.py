@@ -14,13 +14,11 @@ docs/rl.md describes the loop and the run directory's schema.
 
 from .._exports import name_after as _name_after
 from ._curve import plot_curve as plot_curve
-from ._evaluate import Observe as Observe
 from ._evaluate import evaluate as evaluate
 from ._evaluate import play_tasks as play_tasks
 from ._grpo import GRPOConfig as GRPOConfig
 from ._grpo import Interrupted as Interrupted
 from ._grpo import Run as Run
-from ._grpo import Shape as Shape
 from ._grpo import grpo as grpo
 from ._grpo import train_on as train_on
 from ._progress import RunProgress as RunProgress
@@ -30,11 +28,9 @@ from ._repeat import repeat_certain as repeat_certain
 from ._retention import retain as retain
 from ._runlog import RunLog as RunLog
 from ._session import run_session as run_session
-from ._stats import Z95 as Z95
 from ._stats import ci95 as ci95
 from ._stats import mean_stderr as mean_stderr
 from ._stats import paired_improvement as paired_improvement
-from ._step import Metrics as Metrics
 from ._step import train_step as train_step
 from ._train import RUN_SCHEMA as RUN_SCHEMA
 from ._train import last_policy as last_policy
@@ -44,15 +40,11 @@ from ._train import train as train
 __all__ = [
     "REPEATS",
     "RUN_SCHEMA",
-    "Z95",
     "GRPOConfig",
     "Interrupted",
-    "Metrics",
-    "Observe",
     "Run",
     "RunLog",
     "RunProgress",
-    "Shape",
     "ci95",
     "evaluate",
     "grpo",

@@ -32,7 +32,7 @@ from plies.runtime import (
     JsonlSink,
     RolloutDriver,
     RolloutResources,
-    read_groups,
+    read_jsonl,
 )
 from plies.training import (
     LossName,
@@ -254,7 +254,7 @@ def _untrained(run: Run, step: int) -> tuple[list[Group], int]:
     Lines of `groups.jsonl` that do not read back are groups a crash cut off while they were
     written: they were never trained on, and are reported rather than skipped silently.
     """
-    read = read_groups(run.out / "groups.jsonl")
+    read = read_jsonl(run.out / "groups.jsonl", Group)
     if read.malformed:
         lines = ", ".join(str(m.line) for m in read.malformed)
         run.console.print(
@@ -350,23 +350,12 @@ async def grpo(
                 driver.cancel()
                 return True
 
-            async def consume() -> None:
+            async def train_ready() -> bool:
+                """Train a step on every full batch waiting; True if the phase stopped idle."""
                 nonlocal step, policy, waiting
-                stopped = False  # ended early: batches in a row trained nothing
-                async for group in driver.groups():
-                    if run.interrupts.count or step >= config.steps or stopped:
-                        continue  # drained groups are on disk; a resumed run trains them
-                    why = set_aside_reason(group, policy, config)
-                    if why is not None:
-                        run.log.write(
-                            "set_aside", step=step, groups=[group.id], reason=why,
-                            episodes=played(group),
-                        )  # fmt: skip
-                        stopped = stop_if_idle()
-                        continue
-                    waiting.append(group)
-                    if len(waiting) < config.groups_per_step:
-                        continue
+                while len(waiting) >= config.groups_per_step and step < config.steps:
+                    if run.interrupts.count:
+                        return False
                     batch, waiting = (
                         waiting[: config.groups_per_step],
                         waiting[config.groups_per_step :],
@@ -380,7 +369,8 @@ async def grpo(
                     if new is None:  # nothing to learn: not a step, sample another batch
                         run.log.write("skipped", step=step, seconds=time.monotonic() - t0, **info)
                         run.console.print(step_line(step, info, None, aside))
-                        stopped = stop_if_idle()
+                        if stop_if_idle():
+                            return True
                         continue
                     await run.publish(new)
                     driver.set_policy(new)
@@ -398,9 +388,27 @@ async def grpo(
                         try:
                             await after_step(step, policy)
                         except Interrupted:
-                            continue  # drain to disk; raised below, outside the task group
-                    if step >= config.steps:
-                        driver.cancel()  # groups still sampling are not needed
+                            return False  # drain to disk; raised below, outside the task group
+                if step >= config.steps:
+                    driver.cancel()  # groups still sampling are not needed
+                return False
+
+            async def consume() -> None:
+                # A resumed run trains the groups it completed before sampling more.
+                stopped = await train_ready()
+                async for group in driver.groups():
+                    if run.interrupts.count or step >= config.steps or stopped:
+                        continue  # drained groups are on disk; a resumed run trains them
+                    why = set_aside_reason(group, policy, config)
+                    if why is not None:
+                        run.log.write(
+                            "set_aside", step=step, groups=[group.id], reason=why,
+                            episodes=played(group),
+                        )  # fmt: skip
+                        stopped = stop_if_idle()
+                        continue
+                    waiting.append(group)
+                    stopped = await train_ready()
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(admit)

@@ -40,7 +40,6 @@ from ._signals import run as run
 from ._sink import JsonlRead as JsonlRead
 from ._sink import JsonlSink as JsonlSink
 from ._sink import MalformedLine as MalformedLine
-from ._sink import read_groups as read_groups
 from ._sink import read_jsonl as read_jsonl
 
 __all__ = [
@@ -67,7 +66,6 @@ __all__ = [
     "builtin_reapers",
     "long_run_collector",
     "process_remote_id",
-    "read_groups",
     "read_jsonl",
     "reap_report",
     "run",

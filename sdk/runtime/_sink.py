@@ -25,7 +25,7 @@ from .._exceptions import TrajectoryError
 from .._lifecycle import Lifecycle
 from ..trajectory import Group
 
-__all__ = ["JsonlRead", "JsonlSink", "MalformedLine", "read_groups", "read_jsonl"]
+__all__ = ["JsonlRead", "JsonlSink", "MalformedLine", "read_jsonl"]
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
@@ -212,8 +212,3 @@ def _parse(raw: bytes, model: type[M] | None) -> M | dict[str, Any]:
     if not isinstance(record, dict):
         raise ValueError(f"a JSON {type(record).__name__}, not an object")
     return record
-
-
-def read_groups(path: Path | str) -> JsonlRead[Group]:
-    """Read a groups file written by `JsonlSink.write_group`."""
-    return read_jsonl(path, Group)

@@ -11,14 +11,14 @@ walks the script from its start, so concurrent episodes each get the whole scrip
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 from plies import ConfigError, PolicyError, PolicyRef
-from plies.policy import Completion, SamplingParams, TokenSink
+from plies.policy import Completion, SamplingParams
 
 __all__ = ["SCRIPTED_POLICY", "ScriptStep", "ScriptedPolicy", "render_completion"]
 
@@ -171,7 +171,7 @@ class ScriptedPolicy:
         self,
         prompt_ids: Sequence[int],
         params: SamplingParams,
-        on_tokens: TokenSink,
+        on_tokens: Callable[[Sequence[int]], Awaitable[None]],
         *,
         policy: PolicyRef | str | None = None,
         session: str | None = None,

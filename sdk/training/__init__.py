@@ -1,7 +1,7 @@
 """Training: check groups, build batches, and drive a remote trainer exactly once.
 
 - `training_groups` refuses groups that must not be trained on, each with a typed reason.
-- `grpo_advantages` / `group_advantages` and `training_batch` turn groups into a
+- `grpo_advantages` (of a group's rewards) and `training_batch` turn groups into a
   `TrainingBatch` (segments with per-token advantages).
 - `TrainingClient` sends `forward_backward`, `optim_step` and `save_policy` with operation
   ids and reconciles unknown outcomes with the server.
@@ -19,7 +19,6 @@ from ..wire.training import AdamParams as AdamParams
 from ..wire.training import Datum as Datum
 from ..wire.training import LossName as LossName
 from ..wire.training import TrainingBatch as TrainingBatch
-from ._advantages import group_advantages as group_advantages
 from ._advantages import grpo_advantages as grpo_advantages
 from ._advantages import training_batch as training_batch
 from ._client import TrainingClient as TrainingClient
@@ -39,7 +38,6 @@ __all__ = [
     "TrainingBatch",
     "TrainingClient",
     "Truncated",
-    "group_advantages",
     "grpo_advantages",
     "training_batch",
     "training_groups",

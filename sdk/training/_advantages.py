@@ -14,7 +14,7 @@ from .._exceptions import ConfigError
 from ..trajectory import Group
 from ..wire.training import Datum, TrainingBatch
 
-__all__ = ["group_advantages", "grpo_advantages", "training_batch"]
+__all__ = ["grpo_advantages", "training_batch"]
 
 
 def grpo_advantages(
@@ -39,11 +39,6 @@ def grpo_advantages(
         std = math.sqrt(sum(a * a for a in adv_G) / len(adv_G))
         adv_G = [a / (std + eps) for a in adv_G]
     return adv_G
-
-
-def group_advantages(group: Group, *, scale_std: bool = False) -> list[float]:
-    """`grpo_advantages` over a group's members' rewards, in member order."""
-    return grpo_advantages([t.reward for t in group.trajectories], scale_std=scale_std)
 
 
 def training_batch(

@@ -65,8 +65,8 @@ from plies.policy import (
     Timeout,
     VLLMClient,
     publish,
-    unload_lora_adapter,
 )
+from plies.policy._vllm import unload_lora_adapter
 from plies.runtime import (
     EnvPool,
     EpisodeContext,
@@ -75,7 +75,6 @@ from plies.runtime import (
     JsonlSink,
     RolloutDriver,
     RolloutResources,
-    read_groups,
     read_jsonl,
     run,
 )
@@ -219,7 +218,7 @@ class Loop:
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
         config = self.config
         groups_path = self.dir / "groups.jsonl"
-        on_disk = read_groups(groups_path)
+        on_disk = read_jsonl(groups_path, Group)
         if on_disk.malformed:
             raise PliesError(f"{groups_path} holds malformed lines: {on_disk.malformed}")
         trained = {g for r in self.log if r["kind"] == "step" for g in r["groups"]}

@@ -36,8 +36,8 @@ from chaos_faults import KILLS_SERVER, Plan, engine_for, inject, loop_options, s
 from chaos_lanes import Lane
 from chaos_run import LoopRun
 
-from plies import PolicyRef, Status
-from plies.runtime import read_groups, read_jsonl
+from plies import Group, PolicyRef, Status
+from plies.runtime import read_jsonl
 from plies.runtime._report import read_report
 from plies.testing import plies_command
 from plies.wire.sampling import served_name
@@ -109,7 +109,7 @@ def run_trial(p: Plan, lane: Lane, root: Path, python: str) -> Result:
             result.landed = f"ENOSPC after {p.params['writes']} group writes"
         check_exit(result, first, code, first=True)
         check_run(result, first, run_dir, sandboxes, before=[], attempt=1)
-        after_first = read_groups(run_dir / "groups.jsonl").records
+        after_first = read_jsonl(run_dir / "groups.jsonl", Group).records
         log_first = read_jsonl(run_dir / "log.jsonl").records
 
         config = {**common, "sampler": lane.url, "steps": RESUMED_STEPS, "attempt": 2}
@@ -174,7 +174,7 @@ def check_run(
 ) -> None:
     """`records`, `reaped` and `leaks` for one run; reaps what its report lists."""
     which = LOOP_ATTEMPTS[attempt - 1]
-    read = read_groups(run_dir / "groups.jsonl")
+    read = read_jsonl(run_dir / "groups.jsonl", Group)
     groups = read.records
     ids = [g.id for g in groups]
     stats = run.one("stats")
@@ -305,7 +305,7 @@ def check_resume(
         f"resumed from v{started.version}, the last published was v{last.version}",
     )
     first_new = f"hand-{ready['first_index']}"
-    for g in read_groups(run_dir / "groups.jsonl").records:
+    for g in read_jsonl(run_dir / "groups.jsonl", Group).records:
         if g.id == first_new:
             result.check(
                 "resume",

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from plies import Group, PolicyRef, Trajectory
-from plies.runtime import GroupSpec, JsonlSink, RolloutDriver, RolloutResources, read_groups
+from plies.runtime import GroupSpec, JsonlSink, RolloutDriver, RolloutResources, read_jsonl
 
 POLICY = PolicyRef(uri="plies://chaos/policies/0", version=0)
 
@@ -60,7 +60,7 @@ def test_a_write_cut_short_by_a_full_disk_leaves_no_torn_line(tmp_path, full_dis
         with pytest.raises(OSError) as raised:
             sink.write_group(group(1))
         assert raised.value.errno == errno.ENOSPC
-    read = read_groups(path)
+    read = read_jsonl(path, Group)
     assert read.malformed == []
     assert [g.id for g in read.records] == ["g0"]
     assert path.read_bytes().endswith(b"\n")
@@ -87,7 +87,7 @@ async def test_groups_raises_a_write_that_failed_while_the_caller_held_a_group(t
                             await driver.wait_drained()
                             assert handed.id == "g0"
     assert raised.value.errno == errno.ENOSPC
-    read = read_groups(path)
+    read = read_jsonl(path, Group)
     assert read.malformed == [] and [g.id for g in read.records] == ["g0"]
 
 
@@ -114,5 +114,5 @@ async def test_a_batch_whose_last_write_fails_leaves_none_of_its_groups(tmp_path
                     await driver.wait_drained()
                     driver.collect()
             assert driver.statistics().groups_complete == 1
-    read = read_groups(path)
+    read = read_jsonl(path, Group)
     assert read.malformed == [] and [g.id for g in read.records] == ["g0"]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from plies import Group
 from plies.rl import RUN_SCHEMA, RunLog
-from plies.runtime import read_groups
+from plies.runtime import read_jsonl
 from plies.view import RunView
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "101_custom_env.py"
@@ -34,7 +35,7 @@ def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(t
     run = json.loads((out / "grpo" / "run.json").read_text())
     assert run["schema"] == RUN_SCHEMA and run["kind"] == "grpo"
     assert run["config"]["group_size"] == 4 and run["config"]["steps"] == 4
-    groups = read_groups(out / "grpo" / "groups.jsonl")
+    groups = read_jsonl(out / "grpo" / "groups.jsonl", Group)
     assert groups.clean and groups.records
     assert all(len(g.trajectories) == 4 for g in groups.records)
     log = RunLog(out / "grpo" / "metrics.jsonl")
@@ -69,7 +70,7 @@ def test_the_first_env_trains_in_a_run_directory_that_the_same_command_resumes(t
     again = example(cwd, out)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert f"resuming the run in {out / 'grpo'}" in again.stderr
-    assert read_groups(out / "grpo" / "groups.jsonl").records == groups.records  # no new work
+    assert read_jsonl(out / "grpo" / "groups.jsonl", Group).records == groups.records  # no new work
     assert list(cwd.iterdir()) == [], "the example writes only into its run directory"
 
     view = subprocess.run(

@@ -12,6 +12,7 @@ import pytest
 import smoke_run
 from demo_runs import interrupt_when, records, wait
 
+from plies import Group
 from plies.environments.blackjack_exact import REFERENCES, expected_return, on_deals, price_record
 from plies.recipes.blackjack import BUDGETS
 from plies.recipes.blackjack.config import (
@@ -22,7 +23,7 @@ from plies.recipes.blackjack.config import (
     TRAIN_SEEDS,
 )
 from plies.recipes.blackjack.grpo import train_tasks
-from plies.runtime import read_groups
+from plies.runtime import read_jsonl
 from plies.testing import plies_command
 
 DEMO = plies_command("demo", "blackjack")
@@ -70,7 +71,7 @@ def test_short_demo_writes_metrics_summary_and_curve(demo_run):
     # Nucleus sampling, in the sampler and in the trainer: a token alone in its nucleus was
     # drawn with logprob exactly 0; step 0's groups were sampled by the policy it trains, so
     # the trainer's logprobs are the sampler's only if it cuts at the same top_p.
-    sampled = [lp for g in read_groups(out / "groups.jsonl").records for t in g.trajectories
+    sampled = [lp for g in read_jsonl(out / "groups.jsonl", Group).records for t in g.trajectories
                for turn in t.turns for lp in turn.logprobs]  # fmt: skip
     assert sampled.count(0.0) > len(sampled) / 2
     assert steps[0]["logprob_diff_max"] < 1e-4
@@ -95,7 +96,7 @@ def test_short_demo_writes_metrics_summary_and_curve(demo_run):
     cells = [c for kind in ("hard", "soft") for row in summary["strategy"][kind].values()
              for c in row.values()]  # fmt: skip
     assert sum(c["decisions"] for c in cells) == len(evals["final"]["decisions"]) > 0
-    groups = read_groups(out / "groups.jsonl")
+    groups = read_jsonl(out / "groups.jsonl", Group)
     assert groups.clean
     trained = {g for s in steps for g in s["groups"]}
     assert trained <= {g.id for g in groups.records}
@@ -164,7 +165,7 @@ def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
     batches_before = _batches(out)  # steps, and batches that trained nothing (`skipped`)
     # Groups set aside as they arrived (tied, or refused) are used up too.
     used = {g for r in batches_before + records(out, "set_aside") for g in r["groups"]}
-    completed = [g.id for g in read_groups(out / "groups.jsonl").records]
+    completed = [g.id for g in read_jsonl(out / "groups.jsonl", Group).records]
     untrained = [g for g in completed if g not in used]
 
     rc = wait(demo(out, *longer_curve), out, 900)
@@ -173,6 +174,7 @@ def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
     assert curve == [(2, last["version"])]
     after = records(out, "step")
     assert [s["step"] for s in after] == list(range(len(after)))  # none repeated, none skipped
+    assert len(after) > len(before), (tmp_path / "run.log").read_text(errors="replace")[-3000:]
     resumed = after[len(before)]
     # Trained on top of `last`; a batch that trained nothing is not a step, so every step
     # record trained and published.
@@ -181,7 +183,10 @@ def test_ctrl_c_then_resume_continues_from_the_last_published_policy(tmp_path):
     if untrained:  # completed before the interrupt, taken first after it
         first = _batches(out)[len(batches_before)]
         assert first["groups"] == untrained[: len(first["groups"])]
-    for group in read_groups(out / "groups.jsonl").records:
+    if len(untrained) >= 2:  # a batch's worth (the smoke budget's): trained before sampling on
+        aside = [r for r in records(out, "set_aside") if r["time"] > before[-1]["time"]]
+        assert all(r["time"] > first["time"] for r in aside), aside
+    for group in read_jsonl(out / "groups.jsonl", Group).records:
         if group.id not in completed:
             assert group.policy.version >= last["version"]
     assert json.loads((out / "summary.json").read_text())["complete"]
@@ -199,7 +204,7 @@ def _replays_its_tokens(out: Path) -> None:
     kept = set(json.loads((out / "retention.json").read_text())["kept"])
     group = next(
         g
-        for g in read_groups(out / "groups.jsonl").records
+        for g in read_jsonl(out / "groups.jsonl", Group).records
         if {t.policy.version for traj in g.trajectories for t in traj.turns} <= kept
     )
     done = subprocess.run(

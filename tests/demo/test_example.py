@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from plies import Group
 from plies.rl import RunLog
-from plies.runtime import read_groups
+from plies.runtime import read_jsonl
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "blackjack_grpo.py"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -44,7 +45,7 @@ def test_example_warm_starts_trains_and_evaluates(tmp_path):
     assert math.isfinite(summary["warm_start_return"]), summary
     assert math.isfinite(summary["final_return"]), summary
     assert "warm start: return" in done.stdout and "after GRPO: return" in done.stdout
-    groups = read_groups(out / "grpo" / "groups.jsonl")
+    groups = read_jsonl(out / "grpo" / "groups.jsonl", Group)
     # keep_policies=1: the base, the warm start (GRPO's start, which sampled the first groups)
     # and the newest stay; the rest are gone from the server's store, and recorded as such.
     warm = min(t.turns[0].policy.version for g in groups.records for t in g.trajectories)

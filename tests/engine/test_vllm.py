@@ -14,10 +14,9 @@ from plies.policy import (
     SamplingParams,
     Timeout,
     VLLMClient,
-    load_lora_adapter,
-    reload_weights,
-    unload_lora_adapter,
 )
+from plies.policy._publish import reload_weights
+from plies.policy._vllm import load_lora_adapter, unload_lora_adapter
 from plies.server._policies import weights_digest
 from plies.testing import closed_url
 

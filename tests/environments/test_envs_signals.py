@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from event_script import EventScript
 
+from plies import Group
 from plies.environments.mcp_client import marked_processes
-from plies.runtime import read_groups
+from plies.runtime import read_jsonl
 from plies.runtime._report import read_report
 from plies.testing import sandbox_processes
 
@@ -50,7 +51,7 @@ def one_run(kind: str, run_dir: Path, npm_bin: Path, interrupts: int) -> None:
     [stats] = script.all("stats")
     assert stats["live"] == 0, context
     assert stats["borrowed"] == stats["released"] + stats["quarantined"] == 4, context
-    read = read_groups(run_dir / "groups.jsonl")
+    read = read_jsonl(run_dir / "groups.jsonl", Group)
     assert read.malformed == [], context
     assert all(g.complete for g in read.records), context
     report = read_report(run_dir / "quarantine.json")

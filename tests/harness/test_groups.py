@@ -13,13 +13,13 @@ import anyio
 import pytest
 from transformers import AutoTokenizer
 
-from plies import ConfigError, EnvError, PolicyRef, Status, Trajectory
+from plies import ConfigError, EnvError, Group, PolicyRef, Status, Trajectory
 from plies._lifecycle import OpenState
 from plies.environments import Env, Observation, Task, ToolResult, tool
 from plies.harness import EnvGroup, StopReason, ToolCallingHarness, play_groups
 from plies.harness.groups import DEFAULT_GROUP_SIZE
 from plies.policy import SamplingParams, VLLMClient
-from plies.runtime import JsonlSink, RemoteRef, read_groups
+from plies.runtime import JsonlSink, RemoteRef, read_jsonl
 from plies.tokens import ChatRenderer
 from plies.training import training_groups
 
@@ -136,7 +136,7 @@ async def test_group_rewards_are_added_and_cleanup_follows_the_last_member(harne
         mine = [e for e in log.events if e[1] == owner.task.id]
         assert mine[-1] == ("cleanup", owner.task.id)
         assert sorted(mine[:-1]) == [("closed", owner.task.id)] * 3 + [("made", owner.task.id)] * 3
-    written = read_groups(tmp_path / "groups.jsonl")
+    written = read_jsonl(tmp_path / "groups.jsonl", Group)
     # Written as they complete, returned in task order: the same groups, in either order.
     by_id = {g.id: g.model_dump() for g in groups}
     assert written.clean and len(written.records) == len(groups)

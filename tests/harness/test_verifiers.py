@@ -25,11 +25,11 @@ import anyio
 import pytest
 from event_script import EventScript
 
-from plies import ConfigError, EnvError, PolicyRef, Status
+from plies import ConfigError, EnvError, Group, PolicyRef, Status
 from plies.gateway import Gateway, GatewayServer
 from plies.harness import VerifiersHarness
 from plies.policy import SamplingParams, VLLMClient
-from plies.runtime import RolloutDriver, RolloutResources, read_groups
+from plies.runtime import RolloutDriver, RolloutResources, read_jsonl
 from plies.testing import ScriptedPolicy
 from plies.testing._scripted import SCRIPTED_POLICY
 from plies.tokens import ChatRenderer
@@ -269,7 +269,7 @@ def test_ctrl_c_during_verifiers_rollouts_leaks_nothing(vf_python, tmp_path):
     [stats] = script.all("stats")
     assert stats["live"] == 0 and stats["sessions"] == 0, stats
     assert stats["borrowed"] == stats["released"] + stats["quarantined"] == 4, stats
-    read = read_groups(tmp_path / "groups.jsonl")
+    read = read_jsonl(tmp_path / "groups.jsonl", Group)
     assert read.malformed == [] and len(read.records) == 2
     assert all(g.complete for g in read.records)
     assert {t.status for g in read.records for t in g.trajectories} <= {

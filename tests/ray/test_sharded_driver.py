@@ -32,7 +32,7 @@ from plies.runtime import (
     RolloutDriver,
     RolloutResources,
     ShardedDriver,
-    read_groups,
+    read_jsonl,
 )
 from plies.runtime._report import read_report
 from plies.runtime._shard import ShardActor
@@ -131,7 +131,7 @@ async def test_same_groups_as_one_process(local_ray, policy_url, tmp_path):
             assert len(shard_processes()) == 2  # what `no_shard_left` looks for is there
     assert shape(sharded) == shape(one)
     assert len(shape(one)) == len(SPECS)
-    on_disk = read_groups(tmp_path / "sharded.jsonl")
+    on_disk = read_jsonl(tmp_path / "sharded.jsonl", Group)
     assert on_disk.malformed == [] and shape(on_disk.records) == shape(one)
     assert stats.settled[Status.COMPLETED] == stats.admitted == 2 * len(SPECS)
     assert stats.turns == sum(len(t.turns) for g in one for t in g.trajectories)
@@ -241,7 +241,7 @@ async def test_killed_shard_in_flight_episodes_are_reported(
     assert all(t.status is Status.COMPLETED for g in rest for t in g.trajectories)
     ids = sorted(g.task_id for g in lost + rest)
     assert ids == sorted([s.task_id for s in specs] + ["late"])
-    on_disk = read_groups(tmp_path / "groups.jsonl")
+    on_disk = read_jsonl(tmp_path / "groups.jsonl", Group)
     assert on_disk.malformed == [] and sorted(g.task_id for g in on_disk.records) == ids
     assert stats.settled[Status.FAILED] == 4 and stats.settled[Status.COMPLETED] == 5
     assert stats.running == 0
@@ -267,7 +267,7 @@ async def test_a_shard_lost_with_groups_not_yet_sent_settles_each_once(
     assert sorted(g.task_id for g in groups) == ["queued0", "queued1"]
     assert shards[0].groups_lost == 2 and shards[0].groups_in_flight == 0
     assert stats.settled[Status.FAILED] == 4 and stats.groups_in_flight == 0
-    assert len(read_groups(tmp_path / "groups.jsonl").records) == 2
+    assert len(read_jsonl(tmp_path / "groups.jsonl", Group).records) == 2
 
 
 @asynccontextmanager

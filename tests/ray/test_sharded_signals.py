@@ -23,8 +23,8 @@ from shard_parts import SKIP
 
 pytest.importorskip("ray.actor", reason=SKIP)
 
-from plies import Status
-from plies.runtime import read_groups
+from plies import Group, Status
+from plies.runtime import read_jsonl
 from plies.runtime._report import read_report
 
 STEPS = ("interrupt: admission stopped", "second interrupt", "third interrupt")
@@ -52,7 +52,7 @@ def test_ctrl_c_on_sharded_driver(policy_url, tmp_path, presses):
             assert line in err, context
 
         # No lost records: every group admitted is on disk once, whole, with its members.
-        read = read_groups(tmp_path / "groups.jsonl")
+        read = read_jsonl(tmp_path / "groups.jsonl", Group)
         assert read.malformed == [], context
         on_disk = [g.id for g in read.records]
         assert len(on_disk) == len(set(on_disk)), context

@@ -41,7 +41,7 @@ from shard_parts import SKIP, make_shard, placed_episode, task
 pytest.importorskip("ray.actor", reason=SKIP)
 
 from plies import ConfigError, Group, PolicyRef, Status
-from plies.runtime import GroupSpec, JsonlSink, ShardedDriver, read_groups
+from plies.runtime import GroupSpec, JsonlSink, ShardedDriver, read_jsonl
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,7 +136,7 @@ def test_shard_options_are_one_per_shard():
 
 def once_on_disk(path: Path) -> list[Group]:
     """The sink's groups, each whole and there exactly once."""
-    read = read_groups(path)
+    read = read_jsonl(path, Group)
     ids = [g.id for g in read.records]
     assert read.malformed == [] and len(ids) == len(set(ids)), ids
     return read.records

@@ -23,13 +23,13 @@ from event_script import drive, emit
 from runtime_helpers import OpProcess, spawn_op_server
 from shard_parts import stand_in_turn
 
-from plies import AdmissionClosed, PolicyRef
+from plies import AdmissionClosed, Group, PolicyRef
 from plies.runtime import (
     EnvPool,
     GroupSpec,
     RolloutDriver,
     RolloutResources,
-    read_groups,
+    read_jsonl,
     run,
 )
 
@@ -39,7 +39,7 @@ REF = PolicyRef(uri="plies://signals/policies/0", version=0)
 async def main(interrupts, run_dir: Path, policy_url: str, seed: int, max_tasks: int) -> None:
     rng = random.Random(seed)
     sink_path = run_dir / "groups.jsonl"
-    done = {g.task_id for g in read_groups(sink_path).records}
+    done = {g.task_id for g in read_jsonl(sink_path, Group).records}
 
     async def create() -> OpProcess:
         return await spawn_op_server(on_spawn=lambda pid: emit("spawn", pid=pid))

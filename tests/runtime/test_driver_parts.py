@@ -18,7 +18,6 @@ from plies.runtime import (
     JsonlSink,
     RolloutDriver,
     RolloutResources,
-    read_groups,
     read_jsonl,
 )
 from plies.runtime._progress import LiveProgress
@@ -56,7 +55,7 @@ async def test_pacing_bounds_groups_in_flight_and_nothing_is_dropped(tmp_path):
     assert [g.task_id for g in rest] == ["c"] and rest[0].policy.version == 1
     assert stats.settled[Status.COMPLETED] == 5 and stats.groups_in_flight == 0
     assert stats.leases.borrowed == stats.leases.released == 5
-    read = read_groups(sink_path)
+    read = read_jsonl(sink_path, Group)
     assert read.clean and sorted(g.task_id for g in read.records) == ["a", "b", "c"]
 
 
@@ -119,7 +118,7 @@ def test_sink_ends_a_torn_tail_and_the_reader_reports_every_bad_line(tmp_path):
     with JsonlSink(path) as sink:
         assert sink.repaired_tail
         sink.write({"id": "y"})
-    read = read_groups(path)
+    read = read_jsonl(path, Group)
     assert read.records == []
     assert [(m.line, m.torn) for m in read.malformed] == [
         (1, False),
@@ -130,7 +129,7 @@ def test_sink_ends_a_torn_tail_and_the_reader_reports_every_bad_line(tmp_path):
     assert read.malformed[1].error == "empty line"
     assert read.malformed[2].preview == '{"id": "x", "tas'
     path.write_bytes(b'{"id": "x", "tas')
-    (torn,) = read_groups(path).malformed
+    (torn,) = read_jsonl(path, Group).malformed
     assert torn.torn and torn.offset == 0
 
 
@@ -147,7 +146,7 @@ def test_a_record_whose_turn_lengths_disagree_is_a_malformed_line(tmp_path):
     assert bad != good
     path = tmp_path / "g.jsonl"
     path.write_text(f"{good}\n{bad}\n{good}\n")
-    read = read_groups(path)
+    read = read_jsonl(path, Group)
     assert len(read.records) == 2
     [line] = read.malformed
     assert line.line == 2 and "2 completion ids but 1 logprobs" in line.error

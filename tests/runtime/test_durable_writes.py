@@ -18,7 +18,7 @@ import pytest
 from free_env import REF
 from free_env import make as quiet
 
-from plies import Status
+from plies import Group, Status
 from plies.runtime import (
     EnvPool,
     GroupSpec,
@@ -26,7 +26,7 @@ from plies.runtime import (
     RolloutDriver,
     RolloutResources,
     long_run_collector,
-    read_groups,
+    read_jsonl,
 )
 from plies.runtime._report import read_report
 
@@ -147,7 +147,7 @@ async def burst_of_groups(path: Path) -> float:
                     gate.set()
                     seen = []
                     async for group in driver.groups():
-                        on_disk = {g.id for g in read_groups(path).records}
+                        on_disk = {g.id for g in read_jsonl(path, Group).records}
                         assert group.id in on_disk  # fsynced before it was handed out
                         seen.append(group.task_id)
                     tg.cancel_scope.cancel()

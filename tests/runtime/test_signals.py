@@ -22,8 +22,8 @@ import pytest
 from event_script import EventScript
 from runtime_helpers import kill_group
 
-from plies import Status
-from plies.runtime import read_groups
+from plies import Group, Status
+from plies.runtime import read_jsonl
 from plies.runtime._report import read_report
 from plies.testing import process_alive, serve_process_sync
 
@@ -100,7 +100,7 @@ def one_run(run_dir: Path, policy_url: str, seed: int, signals: tuple[int, ...])
 
         # Only whole records; every group announced (and all those before the first
         # interrupt) is on disk, once, complete.
-        read = read_groups(run_dir / "groups.jsonl")
+        read = read_jsonl(run_dir / "groups.jsonl", Group)
         assert read.malformed == [], context
         on_disk = [g.id for g in read.records]
         assert len(on_disk) == len(set(on_disk)), context
@@ -190,7 +190,7 @@ def test_resume_continues_the_same_files(tmp_path, policy_url):
     first.proc.send_signal(signal.SIGKILL)
     first.finish(timeout=30)
     try:
-        read = read_groups(tmp_path / "groups.jsonl")
+        read = read_jsonl(tmp_path / "groups.jsonl", Group)
         assert read.malformed == [] and len(read.records) >= 2
         with open(tmp_path / "groups.jsonl", "ab") as f:  # an older crash's torn write
             f.write(b'{"id": "torn", "task_')
@@ -201,7 +201,7 @@ def test_resume_continues_the_same_files(tmp_path, policy_url):
         code, err = second.finish(timeout=60)
         assert code == 0, err
         assert second.events[0] == {"event": "ready", "resumed": len(done)}
-        again = read_groups(tmp_path / "groups.jsonl")
+        again = read_jsonl(tmp_path / "groups.jsonl", Group)
         (bad,) = again.malformed  # reported, not skipped silently
         assert bad.preview.startswith('{"id": "torn"') and bad.line == len(read.records) + 1
         assert [g.id for g in again.records[: len(read.records)]] == [g.id for g in read.records]

@@ -9,8 +9,8 @@ from dataclasses import asdict, replace
 import pytest
 
 from plies import ConfigError
-from plies.recipes.blackjack import BUDGETS, DemoConfig
-from plies.recipes.blackjack.config import recorded_budget
+from plies.recipes.blackjack import BUDGETS
+from plies.recipes.blackjack.config import DemoConfig, recorded_budget
 from plies.testing import plies_command
 
 

@@ -17,10 +17,9 @@ from plies.policy import (
     SGLangClient,
     Timeout,
     VLLMClient,
-    load_lora_adapter,
-    unload_lora_adapter,
 )
 from plies.policy._paths import policy_path
+from plies.policy._vllm import load_lora_adapter, unload_lora_adapter
 from plies.server import PolicyStore
 from plies.testing._models import build_tiny_model
 

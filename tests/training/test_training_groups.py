@@ -10,7 +10,6 @@ from plies import ConfigError, Group, PolicyRef, Status, Trajectory, Turn
 from plies.training import (
     RefusalReason,
     Truncated,
-    group_advantages,
     grpo_advantages,
     training_batch,
     training_groups,
@@ -191,7 +190,7 @@ def test_grpo_advantages():
 
 def test_training_batch_puts_each_members_advantage_on_its_sampled_tokens():
     g = group("g", rewards=(1.0, -1.0, 0.0))
-    adv = group_advantages(g)
+    adv = grpo_advantages([t.reward for t in g.trajectories])
     batch = training_batch([g], [adv], temperature=0.8)
     assert batch.temperature == 0.8 and len(batch.data) == 3
     d = batch.data[0]

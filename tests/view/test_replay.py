@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from smoke_run import ENV, demo_test
 
-from plies import Trajectory
+from plies import Group, Trajectory
 from plies.policy import SamplingParams
-from plies.runtime import JsonlSink, read_groups
+from plies.runtime import JsonlSink, read_jsonl
 from plies.testing import plies_command
 from plies.view._replay import sampling_of
 
@@ -40,7 +40,7 @@ def longest_member(run: Path) -> tuple[str, int]:
     kept = set(json.loads((run / "retention.json").read_text())["kept"])
     members = [
         (len(traj.turns), g.id, m)
-        for g in read_groups(run / "groups.jsonl").records
+        for g in read_jsonl(run / "groups.jsonl", Group).records
         if {t.policy.version for traj in g.trajectories for t in traj.turns} <= kept
         for m, traj in enumerate(g.trajectories)
     ]
@@ -51,7 +51,9 @@ def longest_member(run: Path) -> tuple[str, int]:
 @demo_test
 def test_replay_reproduces_every_turn_of_a_recorded_group(demo_run):
     group_id, _ = longest_member(demo_run)
-    group = next(g for g in read_groups(demo_run / "groups.jsonl").records if g.id == group_id)
+    group = next(
+        g for g in read_jsonl(demo_run / "groups.jsonl", Group).records if g.id == group_id
+    )
     result = plies_replay(demo_run, "--group", group_id)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     shown = [TURN.fullmatch(line) for line in result.stdout.splitlines()[:-1]]
@@ -91,7 +93,7 @@ def test_replay_says_when_a_turn_is_not_what_was_sampled(demo_run, tmp_path):
     other = (member + 1) % 2
     run = tmp_path / "run"
     shutil.copytree(demo_run, run, ignore=shutil.ignore_patterns("groups.jsonl"))
-    groups = read_groups(demo_run / "groups.jsonl").records
+    groups = read_jsonl(demo_run / "groups.jsonl", Group).records
     with JsonlSink(run / "groups.jsonl") as sink:
         for group in groups:
             if group.id == group_id:
@@ -205,7 +207,7 @@ def test_replay_train_only_names_what_the_run_lacks_for_a_step(demo_run, tmp_pat
     assert result.returncode == 2
     assert result.stderr.startswith("plies replay: ") and "records no step 99" in result.stderr
     with JsonlSink(run / "lacking.jsonl") as sink:
-        for group in read_groups(demo_run / "groups.jsonl").records:
+        for group in read_jsonl(demo_run / "groups.jsonl", Group).records:
             if group.id != record["groups"][-1]:
                 sink.write_group(group)
     (run / "lacking.jsonl").replace(run / "groups.jsonl")

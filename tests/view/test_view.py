@@ -13,7 +13,7 @@ from _view_runs import write_run
 from smoke_run import ENV, demo_test
 
 from plies import Group
-from plies.runtime import JsonlSink, read_groups
+from plies.runtime import JsonlSink, read_jsonl
 from plies.testing import plies_command, serve_process_sync
 from plies.view import RunView, write_page
 
@@ -132,7 +132,7 @@ def test_a_trajectorys_tokens_masks_and_logprobs_match_groups_jsonl(
     from selenium.webdriver.common.by import By
 
     open_page(browser, demo_page.as_uri())
-    groups = read_groups(demo_run / "groups.jsonl")
+    groups = read_jsonl(demo_run / "groups.jsonl", Group)
     assert groups.clean and groups.records
     # The member with the most turns: prompt deltas as well as full prompts.
     g, m = max(
@@ -174,7 +174,9 @@ def test_filters_select_the_members_they_say(demo_run, demo_page, browser):
 
     open_page(browser, demo_page.as_uri())
     members = [
-        (grp, t) for grp in read_groups(demo_run / "groups.jsonl").records for t in grp.trajectories
+        (grp, t)
+        for grp in read_jsonl(demo_run / "groups.jsonl", Group).records
+        for t in grp.trajectories
     ]
     assert member_counts(browser) == (len(members), len(members))
     rewards = sorted({t.reward for _, t in members if t.reward is not None})
@@ -201,7 +203,7 @@ def test_filters_on_status_fallback_and_ill_formed(
     run = write_run(tmp_path / "run", qwen3_tokenizer, groups=20, size=4, turns=3)
     page = write_page(run, tmp_path / "page.html", tokenizer=qwen3_tokenizer_dir)
     open_page(browser, page.as_uri())
-    trajs = [t for grp in read_groups(run / "groups.jsonl").records for t in grp.trajectories]
+    trajs = [t for grp in read_jsonl(run / "groups.jsonl", Group).records for t in grp.trajectories]
     checks = [
         ("f-fallback", lambda t: any(x.fallback for x in t.turns)),
         ("f-ill", lambda t: any(x.ill_formed for x in t.turns)),
@@ -252,7 +254,9 @@ def test_a_10000_turn_run_opens_in_under_2_s(
     page = write_page(run, tmp_path / "big.html", tokenizer=qwen3_tokenizer_dir)
     built = time.perf_counter() - t0
     turns = sum(
-        len(t.turns) for g in read_groups(run / "groups.jsonl").records for t in g.trajectories
+        len(t.turns)
+        for g in read_jsonl(run / "groups.jsonl", Group).records
+        for t in g.trajectories
     )
     assert turns == 10_000
     t0 = time.perf_counter()
@@ -322,7 +326,9 @@ def test_the_live_page_refreshes_as_the_run_writes(
         open_page(browser, server.url)
         assert member_counts(browser)[0] == 16
         assert js(browser, "return document.getElementById('live').textContent").startswith("live")
-        extra = read_groups(run / "groups.jsonl").records[0].model_copy(update={"id": "train-99"})
+        extra = (
+            read_jsonl(run / "groups.jsonl", Group).records[0].model_copy(update={"id": "train-99"})
+        )
         with JsonlSink(run / "groups.jsonl") as sink:  # as the run appends a group
             sink.write_group(Group.model_validate(extra.model_dump()))
         deadline = time.monotonic() + 15

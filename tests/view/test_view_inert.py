@@ -16,7 +16,7 @@ from _view_runs import write_default_size_run, write_run
 from test_view import member_counts, open_page, select
 
 from plies import Group
-from plies.runtime import JsonlSink, read_groups
+from plies.runtime import JsonlSink, read_jsonl
 from plies.view import write_page
 
 HOOK = "window.__pwned = (window.__pwned || 0) + 1"
@@ -32,7 +32,7 @@ EVIL = " ".join(PAYLOADS)
 def crafted_run(run: Path, tokenizer) -> Path:
     """A small real run with markup in every field a hand or a model can write."""
     write_run(run, tokenizer, groups=4, size=2, turns=2)
-    evil = read_groups(run / "groups.jsonl").records[0].model_dump(mode="json")
+    evil = read_jsonl(run / "groups.jsonl", Group).records[0].model_dump(mode="json")
     evil.update(id=EVIL, task_id=EVIL)
     for traj in evil["trajectories"]:
         traj["messages"] = [
@@ -94,7 +94,7 @@ def test_the_default_runs_page_is_small_quick_and_complete(
     tmp_path, browser, qwen3_tokenizer, qwen3_tokenizer_dir
 ):
     run = write_default_size_run(tmp_path / "default", qwen3_tokenizer)
-    groups = read_groups(run / "groups.jsonl").records
+    groups = read_jsonl(run / "groups.jsonl", Group).records
     episodes = sum(len(g.trajectories) for g in groups)
     turns = sum(len(t.turns) for g in groups for t in g.trajectories)
     assert len(groups) == 1757 and episodes == 12302 and turns > 18000

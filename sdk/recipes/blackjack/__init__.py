@@ -49,13 +49,11 @@ but were not trained on yet are trained first.
 from ..._exports import name_after as _name_after
 from .config import BUDGETS as BUDGETS
 from .config import Budget as Budget
-from .config import DemoConfig as DemoConfig
 from .run import main as main
 
 __all__ = [
     "BUDGETS",
     "Budget",
-    "DemoConfig",
     "main",
 ]
 

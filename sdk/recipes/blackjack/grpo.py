@@ -14,8 +14,8 @@ from typing import Any
 from plies import ConfigError, Group, PolicyRef, rl
 from plies.environments import Task
 from plies.policy._paths import policy_path
-from plies.rl import Shape, train_on
-from plies.training import Trainer
+from plies.rl import train_on
+from plies.training import Trainer, TrainingBatch
 
 from .config import SEED_STRIDE, TRAIN_SEEDS, Budget
 from .contrast import DecisionTokens, decision_tokens, state_contrast
@@ -32,7 +32,9 @@ def train_tasks(seed: int) -> Callable[[int], Task]:
     return lambda i: Task(id=f"{name}-{i}", seed=TRAIN_SEEDS + seed * SEED_STRIDE + i)
 
 
-def contrast(decisions: DecisionTokens) -> Shape:
+def contrast(
+    decisions: DecisionTokens,
+) -> Callable[[TrainingBatch, list[Group]], TrainingBatch]:
     """GRPO's batch rewrite: the decision tokens' shared share removed (`state_contrast`)."""
     return lambda batch, _groups: state_contrast(batch, decisions)
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from plies import PolicyRef, Trajectory, Turn
 from plies.environments import BlackjackEnv, Task
 from plies.policy import Completion
-from plies.rl import Metrics, train_step
+from plies.rl import train_step
 from plies.tokens import ChatRenderer
 from plies.training import Datum, Trainer, TrainingBatch
 
@@ -100,7 +100,7 @@ async def warm_start(
     budget: Budget,
     *,
     start: int = 0,
-    on_step: Callable[[int, Metrics], None] | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> PolicyRef:
     """Supervised steps (`cross_entropy`) over `data` from step `start` to the budget's
     `warm_steps`, at `warm_lr`, then `save_policy`.
