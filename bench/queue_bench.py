@@ -102,7 +102,7 @@ async def _bursts(client, kind: str, requests: int, latency: float) -> list[str]
         p50 = statistics.median(over)
         p99 = over[int(0.99 * (len(over) - 1))]
         rows.append(
-            f"{kind:>7} {name:>5} {took:>9.2f}s {p50 * 1000:>9.0f}ms {p99 * 1000:>9.0f}ms "
+            f"{kind:>9} {name:>5} {took:>9.2f}s {p50 * 1000:>9.0f}ms {p99 * 1000:>9.0f}ms "
             f"{over[-1] * 1000:>9.0f}ms {cpu:>7.2f}s {len(failures):>6}"
         )
         if failures:
@@ -145,11 +145,11 @@ def main() -> None:
             f"load average {os.getloadavg()[0]:.1f}"
         )
         for kind in args.clients:
-            print(f"client {kind + ':':<8} {bench.CLIENTS[kind]}")
+            print(f"client {kind + ':':<10} {bench.CLIENTS[kind]}")
         print("overhead: latency - L, per request; CPU: the client process's, for the burst")
         header = ("client", "burst", "all done", "p50 over", "p99 over", "max over", "CPU")
         header = (*header, "failed")
-        print("{:>7} {:>5} {:>10} {:>11} {:>11} {:>11} {:>8} {:>6}".format(*header))
+        print("{:>9} {:>5} {:>10} {:>11} {:>11} {:>11} {:>8} {:>6}".format(*header))
         for kind in args.clients:
             for row in run_on(
                 args.loop, measure, engine.url, kind, args.requests, args.latency, bench,

@@ -12,9 +12,9 @@ teardown and settling are measured along with the turns.
 
 Policy clients measured side by side: "raw", a minimal keep-alive HTTP/1.1 client (what
 remains is the runtime's own overhead), and `plies.policy.VLLMClient` on each transport
-("aiohttp", the default; "httpx2"; "httpx"). Turns are counted in a window after a warm-up,
-when all C episodes have started; with no overhead a run achieves C/L turns/s, and the ratio
-printed is achieved / ideal, then achieved / raw's achieved at the same C. The cyclic
+("httptools", the default; "aiohttp"; "httpx2"; "httpx"). Turns are counted in a window after
+a warm-up, when all C episodes have started; with no overhead a run achieves C/L turns/s, and
+the ratio printed is achieved / ideal, then achieved / raw's achieved at the same C. The cyclic
 collector is set as `plies.runtime.run` sets it for a script's main (`long_run_collector`),
 since that is the path a real run takes; `--collector default` keeps Python's thresholds,
 which cost the default client more than the minimal one (it allocates more a request). The
@@ -51,7 +51,8 @@ from bench_kit import (
 STANDIN_TOKENS = 8
 CLIENTS = {
     "raw": "a minimal HTTP/1.1 client (bench only)",
-    "aiohttp": "VLLMClient, aiohttp transport (the default)",
+    "httptools": "VLLMClient, httptools transport (the default)",
+    "aiohttp": "VLLMClient, aiohttp transport",
     "httpx2": "VLLMClient, httpx2 transport",
     "httpx": "VLLMClient, httpx transport",
 }
@@ -331,7 +332,7 @@ def main() -> None:
             f"load average {os.getloadavg()[0]:.1f}"
         )
         for kind in args.clients:
-            print(f"client {kind + ':':<8} RolloutDriver + EnvPool + {CLIENTS[kind]}")
+            print(f"client {kind + ':':<10} RolloutDriver + EnvPool + {CLIENTS[kind]}")
         print(
             "achieved: turns recorded in the window; /raw: achieved over raw's at the same C; "
             "C-th turn: when the burst start ended; failed: episodes lost to a failed request"
@@ -340,7 +341,7 @@ def main() -> None:
             *("client", "C", "ideal t/s", "achieved", "/ideal", "/raw", "CPU/turn"),
             *("C-th turn", "failed"),
         )
-        print("{:>7} {:>5} {:>10} {:>9} {:>7} {:>7} {:>9} {:>10} {:>6}".format(*header))
+        print("{:>9} {:>5} {:>10} {:>9} {:>7} {:>7} {:>9} {:>10} {:>6}".format(*header))
         for c in args.concurrency:
             raw = None
             for kind in args.clients:
@@ -354,7 +355,7 @@ def main() -> None:
                     raw = achieved
                 vs_raw = f"{achieved / raw:>7.1%}" if raw else f"{'-':>7}"
                 print(
-                    f"{kind:>7} {c:>5} {ideal:>10.0f} {achieved:>9.0f} {achieved / ideal:>7.1%} "
+                    f"{kind:>9} {c:>5} {ideal:>10.0f} {achieved:>9.0f} {achieved / ideal:>7.1%} "
                     f"{vs_raw} {cpu_us:>7.0f}us {row.start_s * 1000:>8.0f}ms "
                     f"{len(row.failed):>6}",
                     flush=True,

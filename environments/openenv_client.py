@@ -43,6 +43,7 @@ import httpx
 from plies import ConfigError, EnvCapacityError, EnvError, ToolError
 from plies.runtime import RemoteRef
 
+from .._net import http_base_url
 from ._env import Env, Message, Observation, Task, Tool, ToolResult, strip_titles
 
 if TYPE_CHECKING:
@@ -109,9 +110,7 @@ class OpenEnvEndpoint:
     ) -> None:
         if max_sessions < 1:
             raise ConfigError(f"max_sessions must be at least 1, got {max_sessions}")
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"base_url must be an http(s) URL, got {base_url!r}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = http_base_url(base_url)
         self.max_sessions = max_sessions
         self.connect_timeout_s = connect_timeout_s
         self.message_timeout_s = message_timeout_s

@@ -40,6 +40,7 @@ from plies.environments.sandbox import CommandResult
 from plies.runtime import EpisodeContext, Lease, Pool
 from plies.trajectory import Status, Trajectory
 
+from ._agent_ending import AgentEnding
 from .adapters import AgentAdapter, LaunchSpec
 from .protocol import gateway_session, operation, play_task
 from .rewards import DEFAULT_REWARDS, RewardPolicy
@@ -170,7 +171,7 @@ class AgentHarness:
         async with gateway_session(
             gateway, task.id, group_id=group_id, info={**info, "wire": self.adapter.wire}
         ) as key:
-            status, error, reward = Status.COMPLETED, None, None
+            ending = AgentEnding()
             outcome: CommandResult | None = None
             verified: float | None = None
             try:
@@ -182,28 +183,21 @@ class AgentHarness:
                     async with env.serve_tools() as mcp_servers:
                         outcome = await self._run_agent(env, key, instruction, wall_s, mcp_servers)
                 if budget.cancelled_caught:
-                    status, error = Status.TRUNCATED, f"agent ran past {limit}"
-                elif outcome is not None and outcome.exit_code != 0:
-                    tail = (outcome.stderr or outcome.stdout)[-800:]
-                    status, error = Status.FAILED, f"agent exited with {outcome.exit_code}: {tail}"
-                if status is not Status.FAILED:
+                    ending.truncated(limit)
+                elif outcome is not None:
+                    ending.exited(outcome.exit_code, outcome.stderr or outcome.stdout)
+                if ending.status is not Status.FAILED:
                     async with operation(lease, "verify"):
                         verified = await env.verify()
-                    reward = self.rewards.score(verified, truncated=status is Status.TRUNCATED)
             except _EPISODE_ERRORS as exc:
-                status, error, reward = Status.FAILED, f"{type(exc).__name__}: {exc}", None
+                ending.failed(exc)
             output = outcome.stdout[-_OUTPUT_TAIL:] if outcome is not None else ""
-            return await gateway.finish_session(
-                key,
-                reward=reward,
-                status=status,
-                error=error,
-                info={
-                    "exit_code": None if outcome is None else outcome.exit_code,
-                    "verified_reward": verified,
-                    "agent_output": output,
-                },
-            )
+            details = {
+                "exit_code": None if outcome is None else outcome.exit_code,
+                "verified_reward": verified,
+                "agent_output": output,
+            }
+            return await ending.finish(gateway, key, self.rewards, verified, details)
 
     async def _run_agent(
         self,

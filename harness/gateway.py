@@ -39,8 +39,9 @@ from plies import ConfigError, EnvError
 from plies.environments import Env, Task
 from plies.gateway import GatewayServer
 from plies.runtime import EpisodeContext, Lease, Pool
-from plies.trajectory import Status, Trajectory
+from plies.trajectory import Trajectory
 
+from ._agent_ending import AgentEnding
 from .protocol import gateway_session, operation, play_task
 from .rewards import DEFAULT_REWARDS, RewardPolicy
 
@@ -124,7 +125,7 @@ class GatewayHarness:
         async with operation(lease, "reset"):
             observation = await env.reset(task)
         episode = _Episode(env, lease)
-        status, error = Status.COMPLETED, None
+        ending = AgentEnding()
         async with gateway_session(
             gateway, task.id, group_id=group_id, info={"seed": task.seed}
         ) as key:
@@ -132,27 +133,17 @@ class GatewayHarness:
                 with anyio.move_on_after(self.wall_s) as budget:
                     code, stderr = await self._play(key, task, observation, episode)
                 if budget.cancelled_caught:
-                    status, error = Status.TRUNCATED, f"agent ran past wall_s={self.wall_s:g}"
-                elif code != 0:
-                    status, error = Status.FAILED, f"agent exited with {code}: {stderr[-800:]}"
+                    ending.truncated(f"wall_s={self.wall_s:g}")
+                else:
+                    ending.exited(code, stderr)
             except _EPISODE_ERRORS as exc:
-                status, error = Status.FAILED, f"{type(exc).__name__}: {exc}"
-            reward = (
-                None
-                if status is Status.FAILED
-                else self.rewards.score(episode.reward, truncated=status is Status.TRUNCATED)
-            )
-            return await gateway.finish_session(
-                key,
-                reward=reward,
-                status=status,
-                error=error,
-                info={
-                    "env_done": env.done,
-                    "tool_calls": episode.calls,
-                    "tool_reward": episode.reward,
-                },
-            )
+                ending.failed(exc)
+            details = {
+                "env_done": env.done,
+                "tool_calls": episode.calls,
+                "tool_reward": episode.reward,
+            }
+            return await ending.finish(gateway, key, self.rewards, episode.reward, details)
 
     async def _play(
         self, key: str, task: Task, observation: Any, episode: _Episode

@@ -1,15 +1,18 @@
 """What plies' servers and clients share about connections.
 
 Root-private, like `_durable`: both `plies serve` and `plies gateway` refuse to bind beyond
-loopback without a token, and must agree on what loopback is; and every client and server
-must agree on who closes an idle connection first.
+loopback without a token, and must agree on what loopback is; every client and server
+must agree on who closes an idle connection first; and every HTTP client takes its base URL
+the same way.
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-__all__ = ["CLIENT_KEEPALIVE_S", "SERVER_KEEPALIVE_S", "is_loopback"]
+from ._exceptions import ConfigError
+
+__all__ = ["CLIENT_KEEPALIVE_S", "SERVER_KEEPALIVE_S", "http_base_url", "is_loopback"]
 
 CLIENT_KEEPALIVE_S = 2.0
 """How long plies' HTTP clients keep an idle connection for the next request.
@@ -37,3 +40,15 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def http_base_url(url: str) -> str:
+    """`url` as a client's base, without a trailing slash: the client appends its paths.
+
+    Raises:
+        ConfigError: `url` is not http(s), checked here so the mistake is reported where it
+            was made rather than at the first request.
+    """
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"base URL {url!r} must start with http:// or https://")
+    return url.rstrip("/")

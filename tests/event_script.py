@@ -7,7 +7,8 @@ the child. Each test subclasses `EventScript` for its script's arguments and eve
 
 The writing lives here too, for the scripts (they put this folder on `sys.path`): `emit` one
 event, `lease_counts` for their `stats` event, `report_groups`, the body of every signal
-script's open driver, and `drive`, a `RolloutDriver` run from its resources to its `stats`.
+script's open driver, `drive`, a `RolloutDriver` run from its resources to its `stats`, and
+`drive_harness`, the same for a harness's episodes with its files in the script's run dir.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from plies.runtime import JsonlSink, RolloutDriver, RolloutResources
+
+if TYPE_CHECKING:
+    from plies.harness import Harness
+    from plies.runtime import Pool
 
 Event = dict[str, Any]
 
@@ -82,6 +87,26 @@ async def drive(
     finally:
         extra = more_stats() if more_stats is not None else {}
         emit("stats", **extra, **lease_counts(resources.statistics()))
+
+
+async def drive_harness(
+    harness: Harness,
+    pools: Sequence[Pool[Any]],
+    run_dir: Path,
+    interrupts: Any,
+    admit: Callable[[Any], Awaitable[None]],
+    **options: Any,
+) -> None:
+    """`drive` `harness.play` on resources that sample from `harness.sampler` and lend
+    `pools`, with the run's files where the signal tests read them: the quarantine report at
+    RUN_DIR/quarantine.json (what `plies reap` is given) and the groups at
+    RUN_DIR/groups.jsonl. `options` are `drive`'s own."""
+    resources = RolloutResources(
+        sampler=harness.sampler, pools=pools, report_path=run_dir / "quarantine.json"
+    )
+    await drive(
+        resources, harness.play, interrupts, admit, sink_path=run_dir / "groups.jsonl", **options
+    )
 
 
 class EventScript:

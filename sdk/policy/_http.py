@@ -11,9 +11,10 @@ The session key also travels as a header (`X-Session-ID` unless the client names
 so a router in front of many engines, shared by many rollout processes, can keep every
 request of an episode on the engine whose prefix cache holds its history.
 
-Requests go through a `Transport` (`_transport.py`): aiohttp by default, httpx or httpx2 on
-request. The transport only says whether a request got an answer and, if not, which of four
-ways it failed; the rules below are applied here, the same for every transport.
+Requests go through a `Transport` (`_transport.py`): plies' own on httptools' parser by
+default (`_h1.py`), aiohttp, httpx or httpx2 on request. The transport only says whether a
+request got an answer and, if not, which of four ways it failed; the rules below are applied
+here, the same for every transport.
 
 Errors are translated at this edge, and whether a failure may be retried depends only on
 whether the request provably never reached the engine:
@@ -28,11 +29,12 @@ whether the request provably never reached the engine:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, Self, TypedDict
+from typing import Any, Literal, Self, TypedDict, get_args
 from urllib.parse import urlencode
 
 import anyio
@@ -45,21 +47,25 @@ from .._exceptions import (
     PolicyUnavailable,
 )
 from .._lifecycle import AsyncCloseable
+from .._net import http_base_url
 from .._retry import RetryPolicy
 from ._config import DEFAULT_RETRY, DEFAULT_TIMEOUT, Timeout
+from ._h1 import HttptoolsTransport
 from ._transport import (
-    DEFAULT_TRANSPORT,
+    AiohttpTransport,
+    LanedHttpxTransport,
     Reply,
     StreamReply,
     Transport,
     TransportFailure,
-    TransportName,
     encode_json,
-    open_transport,
 )
 from ._types import Completion, PolicyChoice, PolicyClientBase, SamplingParams
 
 __all__ = ["HTTPOptions", "HTTPPolicyClient"]
+
+TransportName = Literal["httptools", "aiohttp", "httpx", "httpx2"]
+DEFAULT_TRANSPORT: TransportName = "httptools"
 
 SESSION_HEADER = "X-Session-ID"
 """The header that carries a request's session key (the episode id) to a router."""
@@ -72,11 +78,7 @@ def _normalise(base_urls: str | Sequence[str]) -> list[str]:
     urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
     if not urls:
         raise ConfigError("a policy client needs at least one base URL")
-    out = []
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"base URL {url!r} must start with http:// or https://")
-        out.append(url.rstrip("/"))
+    out = [http_base_url(url) for url in urls]
     if len(set(out)) != len(out):
         raise ConfigError(f"duplicate base URLs in {urls}")
     return out
@@ -392,3 +394,23 @@ class HTTPPolicyClient(AsyncCloseable, PolicyClientBase):
             f"connection to {url} failed mid-request ({failure}); the request may have run",
             url=url,
         )
+
+
+def open_transport(name: str, timeout: Timeout, headers: Mapping[str, str]) -> Transport:
+    """The transport called `name`, configured alike whichever it is.
+
+    Raises:
+        ConfigError: `name` is not a known transport, or its package is not installed.
+    """
+    if name == "httptools":
+        return HttptoolsTransport(timeout, headers)
+    if name == "aiohttp":
+        return AiohttpTransport(timeout, headers)
+    if name in ("httpx", "httpx2"):
+        try:
+            lib = importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"the {name} transport needs the {name} package: {e}") from e
+        return LanedHttpxTransport(timeout, headers, lib)
+    known = ", ".join(get_args(TransportName))
+    raise ConfigError(f"unknown HTTP transport {name!r}; choose one of {known}")

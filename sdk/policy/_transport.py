@@ -10,7 +10,9 @@ bound each request by the `Timeout` phases.
 
 Transports, by name (`HTTPPolicyClient(transport=...)`):
 
-- "aiohttp" (default): one `aiohttp.ClientSession`, a connection per request in flight, up
+- "httptools" (default): plies' own keep-alive HTTP/1.1 connections on asyncio's protocols,
+  parsed by httptools (`_h1.py`, which says why).
+- "aiohttp": one `aiohttp.ClientSession`, a connection per request in flight, up
   to `connection_limit()` (half the process's open-file limit): beyond it a request waits up
   to `Timeout.pool` for a free connection, rather than failing for want of a file descriptor.
   Its pool finds a free connection in O(1), so cost per request stays flat as thousands wait
@@ -26,7 +28,6 @@ docs/scaling.md quotes them.
 
 from __future__ import annotations
 
-import importlib
 import json
 import resource
 import ssl
@@ -39,27 +40,25 @@ from typing import Any, Literal
 
 import httpx
 
-from .._exceptions import ConfigError, PolicyError
+from .._exceptions import PolicyError
 from .._net import CLIENT_KEEPALIVE_S
 from ._config import Timeout
 
 __all__ = [
-    "DEFAULT_TRANSPORT",
     "LANE_REQUESTS",
+    "AiohttpTransport",
     "FailureKind",
+    "Headers",
+    "LanedHttpxTransport",
     "Reply",
     "StreamReply",
     "Transport",
     "TransportFailure",
-    "TransportName",
     "connection_limit",
-    "open_transport",
 ]
 
-TransportName = Literal["aiohttp", "httpx", "httpx2"]
 Headers = Mapping[str, str] | None
 """A request's own headers, beside the client's."""
-DEFAULT_TRANSPORT: TransportName = "aiohttp"
 
 LANE_REQUESTS = 8
 """Most requests one httpx client carries at once."""
@@ -395,20 +394,3 @@ class LanedHttpxTransport(Transport):
         lanes, self._lanes = self._lanes, []
         for lane in lanes:
             await lane.http.aclose()
-
-
-def open_transport(name: str, timeout: Timeout, headers: Mapping[str, str]) -> Transport:
-    """The transport called `name`, configured alike whichever it is.
-
-    Raises:
-        ConfigError: `name` is not a known transport, or its package is not installed.
-    """
-    if name == "aiohttp":
-        return AiohttpTransport(timeout, headers)
-    if name in ("httpx", "httpx2"):
-        try:
-            lib = importlib.import_module(name)
-        except ImportError as e:
-            raise ConfigError(f"the {name} transport needs the {name} package: {e}") from e
-        return LanedHttpxTransport(timeout, headers, lib)
-    raise ConfigError(f"unknown HTTP transport {name!r}; choose one of aiohttp, httpx, httpx2")

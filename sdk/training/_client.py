@@ -32,7 +32,7 @@ from .._exceptions import (
     UsageError,
 )
 from .._lifecycle import AsyncCloseable
-from .._net import CLIENT_KEEPALIVE_S
+from .._net import CLIENT_KEEPALIVE_S, http_base_url
 from .._retry import RetryPolicy
 from ..trajectory import PolicyRef
 from ..wire.training import (
@@ -106,9 +106,7 @@ class TrainingClient(AsyncCloseable, LedgeredTrainer):
         retry: RetryPolicy = UNTIL_DEADLINE,
         headers: dict[str, str] | None = None,
     ):
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"base URL {base_url!r} must start with http:// or https://")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = http_base_url(base_url)
         self.timeout = timeout
         self.reconcile_timeout = reconcile_timeout
         self.retry = retry

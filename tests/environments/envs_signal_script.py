@@ -18,14 +18,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))  # event_script
 
 import anyio
-from event_script import drive, emit
+from event_script import drive_harness, emit
 from scripted_policy import POLICY, ScriptedPolicy
 from transformers import AutoTokenizer
 
 from plies.environments import HarborEnv, HarborTask, McpEnv, McpHost, McpServer, Task
 from plies.harness import EpisodeLimits, ToolCallingHarness
 from plies.policy import SamplingParams
-from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources, run
+from plies.runtime import EnvPool, GroupSpec, RolloutDriver, run
 from plies.testing import qwen3_tokenizer_dir
 from plies.tokens import ChatRenderer
 
@@ -74,17 +74,7 @@ async def main(interrupts, kind: str, run_dir: Path, npm_bin: Path | None) -> No
                 await driver.admit(GroupSpec(f"{kind}-{i}", size=2, task=task))
             driver.close_admission()
 
-        resources = RolloutResources(
-            sampler=harness.sampler, pools=[pool], report_path=run_dir / "quarantine.json"
-        )
-        await drive(
-            resources,
-            harness.play,
-            interrupts,
-            admit_two,
-            sink_path=run_dir / "groups.jsonl",
-            policy=POLICY,
-        )
+        await drive_harness(harness, [pool], run_dir, interrupts, admit_two, policy=POLICY)
 
 
 if __name__ == "__main__":

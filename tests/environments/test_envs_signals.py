@@ -70,6 +70,7 @@ def one_run(kind: str, run_dir: Path, npm_bin: Path, interrupts: int) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.xdist_group("mcp_processes")  # its leak check counts every MCP server: test_mcp_env
 def test_ctrl_c_during_mcp_and_harbor_episodes_leaks_nothing(tmp_path, npm_bin):
     plans = [("mcp", 3), ("harbor", 2)]  # cancel, and abort; one run of each at once
     with ThreadPoolExecutor(2) as pool:

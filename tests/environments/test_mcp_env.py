@@ -28,7 +28,10 @@ from plies.policy import SamplingParams
 from plies.runtime import EnvPool, GroupSpec, RolloutDriver, RolloutResources
 from plies.tokens import ChatRenderer
 
-pytestmark = pytest.mark.anyio
+# Leak checks count every MCP server process on the machine: the tests that start them run
+# on one worker (`--dist loadgroup`), so no check sees another test's live servers.
+MCP_PROCESSES = pytest.mark.xdist_group("mcp_processes")
+pytestmark = [pytest.mark.anyio, MCP_PROCESSES]
 
 BIN = Path(os.environ.get("PLIES_MCP_SERVER_BIN") or Path(sys.executable).parent)
 """Where the PyPI servers are: this environment's, or (.ci/mcp2-tier, whose SDK is 2.x) the

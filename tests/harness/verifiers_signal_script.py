@@ -17,13 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # event_script
 
-from event_script import drive, emit
+from event_script import drive_harness, emit
 from transformers import AutoTokenizer
 
 from plies.gateway import Gateway, GatewayServer
 from plies.harness import VerifiersHarness
 from plies.policy import SamplingParams
-from plies.runtime import RolloutDriver, RolloutResources, run
+from plies.runtime import RolloutDriver, run
 from plies.testing import ScriptedPolicy, qwen3_tokenizer_dir
 from plies.testing._scripted import SCRIPTED_POLICY
 from plies.tokens import ChatRenderer
@@ -56,15 +56,12 @@ async def main(interrupts, run_dir: Path) -> None:
                 await driver.admit(spec)
             driver.close_admission()
 
-        resources = RolloutResources(
-            sampler=harness.sampler, pools=[harness.pool()], report_path=run_dir / "quarantine.json"
-        )
-        await drive(
-            resources,
-            harness.play,
+        await drive_harness(
+            harness,
+            [harness.pool()],
+            run_dir,
             interrupts,
             admit_two,
-            sink_path=run_dir / "groups.jsonl",
             policy=SCRIPTED_POLICY,
             ready={"sidecar": harness._process.pid},
             more_stats=lambda: {"sessions": gateway.open_sessions},
