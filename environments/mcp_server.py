@@ -27,6 +27,7 @@ from anyio.abc import TaskGroup
 
 from plies import EnvError, UsageError
 from plies._lifecycle import AsyncLifecycle
+from plies._net import SERVER_HTTP
 
 from ._env import Env, ToolResult
 from .mcp_client import _sdk_major
@@ -140,7 +141,11 @@ class EnvMcpServer(AsyncLifecycle):
             raise EnvError(f"cannot bind an MCP server on 127.0.0.1: {err}") from err
         self._port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self._asgi(manager), log_level="warning", access_log=False, lifespan="off"
+            self._asgi(manager),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            http=SERVER_HTTP,
         )
         server = self._server = _Uvicorn(config)
         self._tg = anyio.create_task_group()

@@ -30,7 +30,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field
 
-from .._net import SERVER_KEEPALIVE_S
+from .._net import SERVER_HTTP, SERVER_KEEPALIVE_S
 from ._blackjack_game import BlackjackGame, IllegalMove
 from .blackjack import new_seed
 
@@ -127,7 +127,11 @@ async def serve(host: str, port: int, max_sessions: int) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     config = uvicorn.Config(
-        app, log_config=None, access_log=False, timeout_keep_alive=SERVER_KEEPALIVE_S
+        app,
+        log_config=None,
+        access_log=False,
+        timeout_keep_alive=SERVER_KEEPALIVE_S,
+        http=SERVER_HTTP,
     )
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:

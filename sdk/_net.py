@@ -12,7 +12,19 @@ import ipaddress
 
 from ._exceptions import ConfigError
 
-__all__ = ["CLIENT_KEEPALIVE_S", "SERVER_KEEPALIVE_S", "http_base_url", "is_loopback"]
+__all__ = [
+    "CLIENT_KEEPALIVE_S",
+    "SERVER_HTTP",
+    "SERVER_KEEPALIVE_S",
+    "http_base_url",
+    "is_loopback",
+]
+
+SERVER_HTTP = "h11"
+"""The HTTP/1.1 parser every plies server runs under uvicorn, named so that uvicorn's "auto"
+never picks httptools (installed for the policy clients' transport): h11 drops a connection
+whose unfinished request head passes 16 KiB, where uvicorn's httptools protocol keeps every
+header line a client sends (`tests/security/test_hostile_requests.py` sends 64 MiB of them)."""
 
 CLIENT_KEEPALIVE_S = 2.0
 """How long plies' HTTP clients keep an idle connection for the next request.

@@ -20,7 +20,7 @@ import uvicorn
 from anyio.abc import TaskGroup
 
 from .._exceptions import GatewayError, UsageError
-from .._net import SERVER_KEEPALIVE_S
+from .._net import SERVER_HTTP, SERVER_KEEPALIVE_S
 from ._app import DEFAULT_KEEPALIVE_S, create_app
 from ._gateway import Gateway
 
@@ -111,6 +111,7 @@ class GatewayServer:
             lifespan="off",
             timeout_graceful_shutdown=int(_SHUTDOWN_GRACE),
             timeout_keep_alive=SERVER_KEEPALIVE_S,
+            http=SERVER_HTTP,
         )
         server = self._server = _Uvicorn(config)
         self._tg = anyio.create_task_group()

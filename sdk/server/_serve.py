@@ -17,7 +17,7 @@ import anyio
 from pydantic import ValidationError
 
 from .._exceptions import ConfigError
-from .._net import SERVER_KEEPALIVE_S, is_loopback
+from .._net import SERVER_HTTP, SERVER_KEEPALIVE_S, is_loopback
 from ..wire.sampling import served_name
 from ._app import create_app
 from ._config import ServerConfig
@@ -145,6 +145,7 @@ async def _run(config: ServerConfig, test_faults: bool, sock: socket.socket) -> 
             access_log=False,
             timeout_graceful_shutdown=5,
             timeout_keep_alive=SERVER_KEEPALIVE_S,
+            http=SERVER_HTTP,
         )
     )
     async with anyio.create_task_group() as tg:
