@@ -2,14 +2,13 @@
 
 Why a transport of plies' own: a policy client sends one small JSON request per turn and
 reads one answer, thousands at once, and the CPU each costs caps a rollout process's turns
-per second. Measured per request against the stand-in engine (`bench/runtime_bench.py`,
-docs/scaling.md), aiohttp's `ClientSession` costs about three times a bare keep-alive
-exchange (its request and response objects, header multidicts, timers and traces), httpx
-more, and no other client on PyPI measured less. This one does only what a policy client
-needs: it writes the request in one call, hands every byte of the answer to httptools'
-parser (llhttp, in C) in `data_received`, and wakes the request once, when the answer is
-complete (or, streamed, when its head and each piece arrive). Parsing stays with the
-library; what is plies' own is the connection pool and the failure kinds of the seam.
+per second. aiohttp's `ClientSession` spends most of a small request's CPU on its request
+and response objects, header multidicts, timers and traces (`bench/runtime_bench.py` sets the
+two side by side; docs/scaling.md quotes it). This one does only what a policy client needs:
+it writes the request in one call, hands every byte of the answer to httptools' parser
+(llhttp, in C) in `data_received`, and wakes the request once, when the answer is complete
+(or, streamed, when its head and each piece arrive). Parsing stays with the library; what is
+plies' own is the connection pool and the failure kinds of the seam.
 
 Bounds: an answer's head (status line and headers) over `MAX_HEAD_BYTES`, a parse error, or
 bytes from an engine that was not asked anything drop the connection ("dropped"). `read` is
@@ -110,11 +109,6 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def wait_writable(self) -> None:
-        """Until the socket took what the request wrote past its buffer."""
-        if self.writable is not None:
-            await self.writable
-
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -137,15 +131,9 @@ class _Connection(asyncio.Protocol):
                 self.fail(_Failed(f"an answer's head passed {MAX_HEAD_BYTES} bytes"))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.done is not None and not self.done.done():
-            if not self.in_head and self.until_close:
-                self.finished()  # an answer with neither a length nor chunks ends here
-            else:
-                self.fail(_Failed(f"the connection closed mid-answer ({exc or 'by the engine'})"))
-        elif self.writable is not None and not self.writable.done():
-            self.writable.set_exception(_Failed("the connection closed mid-request"))
-            self.writable.exception()
+        if not self.in_head and self.until_close:
+            self.finished()  # an answer with neither a length nor chunks ends here
+        self.fail(_Failed(f"the connection closed mid-exchange ({exc or 'by the engine'})"))
 
     def pause_writing(self) -> None:
         self.writable = self.loop.create_future()
@@ -351,7 +339,7 @@ class HttptoolsTransport(Transport):
         if conn.writable is not None:  # past the socket's buffer: wait for it to drain
             try:
                 async with asyncio.timeout(self.timeout.write):
-                    await conn.wait_writable()
+                    await conn.writable
             except TimeoutError as e:
                 self._release(conn, reusable=False)
                 raise TransportFailure("timeout", e) from e
